@@ -1,0 +1,331 @@
+//! The loom shim: every atomic, lock, condition variable, cell, `Arc`, thread
+//! and queue the crate uses comes from this module.
+//!
+//! Without `cfg(loom)` the items are the fast production primitives
+//! (`std` atomics and `Arc`, `parking_lot` locks, `crossbeam-deque` queues,
+//! `std::thread`). With `RUSTFLAGS="--cfg loom"` they are replaced by
+//! [loom](https://docs.rs/loom)'s models so the model checks in `loom-tests/`
+//! explore every interleaving of the crate's *real* code. The two halves have
+//! the same API; code elsewhere in the crate must never import a primitive from
+//! anywhere else (loom cannot see `parking_lot`, `std` atomics, crossbeam's
+//! queues or `std::thread::park`).
+//!
+//! Differences callers must respect:
+//! - There is no `Weak`: loom does not model it. Registries hold `Arc`s and
+//!   deregister explicitly.
+//! - Locks never poison: a panic while holding one is a bug in this crate, not
+//!   a state to recover from (user code never runs under a crate lock).
+//! - [`spin_loop`] yields to the loom scheduler under loom, so spin loops stay
+//!   finite in a model.
+
+#![allow(dead_code, unused_imports)]
+
+#[cfg(not(loom))]
+mod imp {
+    use std::time::Duration;
+
+    pub(crate) use std::sync::Arc;
+
+    /// Atomics (re-exported from `std`).
+    pub(crate) mod atomic {
+        pub(crate) use std::sync::atomic::{
+            fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        };
+    }
+
+    /// A mutex that never poisons.
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+
+    /// Guard of [`Mutex`].
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Mutex(parking_lot::Mutex::new(value))
+        }
+
+        #[inline]
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+
+        #[inline]
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock()
+        }
+
+        pub(crate) fn into_inner(self) -> T {
+            self.0.into_inner()
+        }
+    }
+
+    /// A condition variable for [`Mutex`].
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Condvar(parking_lot::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(&mut guard);
+            guard
+        }
+
+        /// Waits at most `timeout`; the flag says whether it timed out.
+        pub(crate) fn wait_timeout<'a, T>(
+            &self,
+            mut guard: MutexGuard<'a, T>,
+            timeout: Duration,
+        ) -> (MutexGuard<'a, T>, bool) {
+            let timed_out = self.0.wait_for(&mut guard, timeout).timed_out();
+            (guard, timed_out)
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
+    /// `UnsafeCell` with loom's closure-based access API.
+    #[derive(Debug, Default)]
+    pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        pub(crate) const fn new(value: T) -> Self {
+            UnsafeCell(core::cell::UnsafeCell::new(value))
+        }
+
+        #[inline(always)]
+        pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            f(self.0.get())
+        }
+
+        #[inline(always)]
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+
+        pub(crate) fn into_inner(self) -> T {
+            self.0.into_inner()
+        }
+    }
+
+    /// Threads: spawning, parking, identity.
+    pub(crate) mod thread {
+        pub(crate) use std::thread::{current, park, yield_now, Builder, JoinHandle, Thread};
+    }
+
+    pub(crate) use std::thread_local;
+
+    /// An unbounded MPMC FIFO queue (a worker's queue of scheduled mailboxes).
+    pub(crate) struct Queue<T>(crossbeam_deque::Injector<T>);
+
+    impl<T> Queue<T> {
+        pub(crate) fn new() -> Self {
+            Queue(crossbeam_deque::Injector::new())
+        }
+
+        #[inline]
+        pub(crate) fn push(&self, value: T) {
+            self.0.push(value);
+        }
+
+        #[inline]
+        pub(crate) fn pop(&self) -> Option<T> {
+            loop {
+                match self.0.steal() {
+                    crossbeam_deque::Steal::Success(v) => return Some(v),
+                    crossbeam_deque::Steal::Empty => return None,
+                    crossbeam_deque::Steal::Retry => core::hint::spin_loop(),
+                }
+            }
+        }
+
+        #[inline]
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
+
+        #[inline]
+        pub(crate) fn len(&self) -> usize {
+            self.0.len()
+        }
+    }
+
+    /// A hint inside a busy-wait loop.
+    #[inline(always)]
+    pub(crate) fn spin_loop() {
+        core::hint::spin_loop();
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    use std::collections::VecDeque;
+    use std::time::Duration;
+
+    pub(crate) use loom::sync::Arc;
+
+    /// Atomics (loom's models).
+    pub(crate) mod atomic {
+        pub(crate) use loom::sync::atomic::{
+            fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        };
+    }
+
+    /// A mutex that never poisons (loom's, unwrapped).
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    /// Guard of [`Mutex`].
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Mutex(loom::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock().ok()
+        }
+
+        pub(crate) fn into_inner(self) -> T {
+            self.0.into_inner().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    impl<T: Default> Default for Mutex<T> {
+        fn default() -> Self {
+            Mutex::new(T::default())
+        }
+    }
+
+    /// A condition variable for [`Mutex`] (loom's).
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Condvar(loom::sync::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(guard).unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// Loom has no time: a timed wait is an untimed wait that may also
+        /// return spuriously, which every caller already tolerates.
+        pub(crate) fn wait_timeout<'a, T>(
+            &self,
+            guard: MutexGuard<'a, T>,
+            timeout: Duration,
+        ) -> (MutexGuard<'a, T>, bool) {
+            let (guard, res) = self
+                .0
+                .wait_timeout(guard, timeout)
+                .unwrap_or_else(|e| e.into_inner());
+            (guard, res.timed_out())
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
+    /// loom's `UnsafeCell`, which checks every access for data races.
+    #[derive(Debug)]
+    pub(crate) struct UnsafeCell<T>(loom::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        pub(crate) fn new(value: T) -> Self {
+            UnsafeCell(loom::cell::UnsafeCell::new(value))
+        }
+
+        pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            self.0.with(f)
+        }
+
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            self.0.with_mut(f)
+        }
+
+        pub(crate) fn into_inner(self) -> T {
+            self.0.into_inner()
+        }
+    }
+
+    /// Threads (loom's).
+    pub(crate) mod thread {
+        pub(crate) use loom::thread::{current, park, yield_now, Builder, JoinHandle, Thread};
+    }
+
+    pub(crate) use loom::thread_local;
+
+    /// A loom-visible FIFO queue standing in for crossbeam's injector.
+    pub(crate) struct Queue<T>(Mutex<VecDeque<T>>);
+
+    impl<T> Queue<T> {
+        pub(crate) fn new() -> Self {
+            Queue(Mutex::new(VecDeque::new()))
+        }
+
+        pub(crate) fn push(&self, value: T) {
+            self.0.lock().push_back(value);
+        }
+
+        pub(crate) fn pop(&self) -> Option<T> {
+            self.0.lock().pop_front()
+        }
+
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.lock().is_empty()
+        }
+
+        pub(crate) fn len(&self) -> usize {
+            self.0.lock().len()
+        }
+    }
+
+    /// Under loom a busy-wait must give the scheduler a chance to run the
+    /// thread it is waiting for.
+    pub(crate) fn spin_loop() {
+        loom::thread::yield_now();
+    }
+}
+
+pub(crate) use imp::*;
+
+/// Clones an `Arc` from a raw pointer obtained with `Arc::into_raw`, leaving
+/// the original count untouched (the caller still owns that reference).
+///
+/// # Safety
+/// `ptr` must come from `Arc::<T>::into_raw` and that reference must still be
+/// alive for the duration of the call.
+pub(crate) unsafe fn arc_clone_raw<T>(ptr: *const T) -> Arc<T> {
+    // SAFETY: the caller guarantees `ptr` came from `Arc::into_raw` and is
+    // still owned by someone; `ManuallyDrop` keeps that reference alive, and
+    // the clone takes a new one.
+    let borrowed = core::mem::ManuallyDrop::new(unsafe { Arc::from_raw(ptr) });
+    Arc::clone(&borrowed)
+}
+
+impl<T> core::fmt::Debug for Queue<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Queue").finish_non_exhaustive()
+    }
+}
