@@ -6,6 +6,26 @@
 
 pub(crate) mod sync;
 
+mod completion;
+mod config;
+mod dispatcher;
 pub mod error;
+mod executor;
+pub mod handler;
+mod mailbox;
+mod receiver;
+mod stats;
+mod task;
+mod waiter;
+mod waker;
+mod worker;
 
+pub use completion::{Completion, Outcome};
+pub use config::{
+    Builder, DEFAULT_MAX_IN_FLIGHT, DEFAULT_THREAD_NAME, DEFAULT_THROUGHPUT, MAX_SPIN,
+};
+pub use dispatcher::{Dispatcher, DispatcherBuilder};
 pub use error::{ConfigError, Panic, SubmitError, TaskError};
+pub use executor::KeyedExecutor;
+pub use receiver::{Receiver, SendFuture, SubmitFuture};
+pub use stats::{ExecutorStats, WorkerState, WorkerStats};

@@ -119,7 +119,9 @@ mod imp {
 
     /// Threads: spawning, parking, identity.
     pub(crate) mod thread {
-        pub(crate) use std::thread::{current, park, yield_now, Builder, JoinHandle, Thread};
+        pub(crate) use std::thread::{
+            current, park, park_timeout, yield_now, Builder, JoinHandle, Thread,
+        };
     }
 
     pub(crate) use std::thread_local;
@@ -272,6 +274,12 @@ mod imp {
     /// Threads (loom's).
     pub(crate) mod thread {
         pub(crate) use loom::thread::{current, park, yield_now, Builder, JoinHandle, Thread};
+
+        /// Loom has no clock: a timed park returns at once, like a spurious
+        /// wake-up, which every caller already tolerates.
+        pub(crate) fn park_timeout(_timeout: std::time::Duration) {
+            loom::thread::yield_now();
+        }
     }
 
     pub(crate) use loom::thread_local;

@@ -1,0 +1,472 @@
+//! Dispatchers: one handler, its map of live mailboxes (one per key that has
+//! work), and the receivers that feed it.
+//!
+//! The map is split in shards, each a mutex around a hash set of mailboxes
+//! keyed by their key. The shard lock is the hinge of the remove-vs-submit
+//! race (see `mailbox.rs`): submitters push into a mailbox, and runners retire
+//! an idle one, only while holding it. It is also where a submit racing a stop
+//! is decided: the executor's `CLOSED` flag is read under the shard lock, and
+//! both stops look at (or drain) every shard under its lock after setting the
+//! flag, so a message is either refused with `Closed(msg)` or seen by the
+//! stop — never lost in between.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashSet;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crossbeam_utils::CachePadded;
+
+use crate::completion::{Outcome, Slot};
+use crate::config::DEFAULT_MAX_IN_FLIGHT;
+use crate::error::{ConfigError, Panic, TaskError};
+use crate::executor::{KeyedExecutor, Shared};
+use crate::handler::Handler;
+use crate::mailbox::{Envelope, Mailbox, MailboxRef, Retire};
+use crate::receiver::{Credit, Receiver};
+use crate::sync::atomic::{AtomicUsize, Ordering::*};
+use crate::sync::{Arc, Mutex};
+use crate::task::Task;
+
+type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
+type PanicHook<K> = Box<dyn Fn(&K, Panic) + Send + Sync + 'static>;
+type Map<K, M, H, S> = HashSet<MailboxRef<K, M, H, S>, S>;
+type Shard<K, M, H, S> = CachePadded<Mutex<Map<K, M, H, S>>>;
+
+/// The typed heart of a dispatcher. Mailboxes point back to it.
+pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) handler: H,
+    hasher: S,
+    shards: Box<[Shard<K, M, H, S>]>,
+    on_reject: Option<RejectHook<K, M>>,
+    on_panic: Option<PanicHook<K>>,
+    /// User-facing handles (`Dispatcher`s and `Receiver`s).
+    handles: AtomicUsize,
+    id: u64,
+}
+
+impl<K, M, H, S> DispatcherInner<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    #[inline]
+    fn shard(&self, hash: u64) -> &Mutex<Map<K, M, H, S>> {
+        // The set uses the low bits of the same hash; take the shard from the
+        // high ones.
+        let i = (hash >> 40) as usize & (self.shards.len() - 1);
+        &self.shards[i]
+    }
+
+    /// Accepts `env` for `key`, or hands it back if the executor is closed.
+    /// The message's credit unit is already taken.
+    fn enqueue(
+        this: &Arc<Self>,
+        key: K,
+        env: Envelope<M, H::Output>,
+    ) -> Result<(), Envelope<M, H::Output>> {
+        let hash = this.hasher.hash_one(&key);
+        let shard = this.shard(hash);
+        let mut set = shard.lock();
+        if this.shared.is_closed() {
+            return Err(env);
+        }
+        if let Some(existing) = set.get(&key) {
+            if !existing.0.is_closed() {
+                existing.0.push(env);
+                return Ok(());
+            }
+            // A closed mailbox left behind (its key's `Hash` panicked while it
+            // retired): replace it.
+            set.remove(&key);
+        }
+        let worker = this.shared.pick_worker();
+        let mailbox = Arc::new(Mailbox::new(key, hash, worker, env, this.clone()));
+        set.insert(MailboxRef(mailbox.clone()));
+        drop(set);
+        this.shared.schedule(worker, Task::new(mailbox));
+        Ok(())
+    }
+
+    /// The runner of `mailbox` found it idle: under the shard lock, close it
+    /// and remove it from the map unless a message arrived.
+    pub(crate) fn retire(&self, mailbox: &Arc<Mailbox<K, M, H, S>>, hash: u64) -> Retire {
+        let mut set = self.shard(hash).lock();
+        if !mailbox.close_if_empty() {
+            return Retire::Busy;
+        }
+        // `Hash`/`Eq` are user code: a panic here must not kill the worker.
+        // The mailbox is closed either way; a closed entry left behind is
+        // replaced by the next submit for its key.
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            let ours = set
+                .get(mailbox.key())
+                .is_some_and(|r| Arc::ptr_eq(&r.0, mailbox));
+            if ours {
+                set.remove(mailbox.key());
+            }
+        }));
+        drop(set);
+        if self.handles.load(Acquire) == 0 {
+            self.shared.deregister_if_idle(self.id);
+        }
+        Retire::Retired
+    }
+
+    /// Delivers a finished message's outcome and returns its credit.
+    pub(crate) fn finish(
+        &self,
+        key: &K,
+        worker: usize,
+        reply: Option<Arc<Slot<H::Output, M>>>,
+        credit: &Credit,
+        outcome: Outcome<H::Output, M>,
+    ) {
+        let counters = &self.shared.workers[worker].counters;
+        match &outcome {
+            Ok(_) => counters.done.fetch_add(1, Relaxed),
+            Err(TaskError::Panicked(_)) => counters.panicked.fetch_add(1, Relaxed),
+            Err(_) => 0,
+        };
+        match reply {
+            Some(slot) => slot.complete(outcome),
+            None => {
+                if let Err(TaskError::Panicked(p)) = outcome {
+                    if let Some(hook) = &self.on_panic {
+                        let _ = catch_unwind(AssertUnwindSafe(|| hook(key, p)));
+                    }
+                }
+            }
+        }
+        credit.release(1);
+    }
+
+    pub(crate) fn cancelled(&self, worker: usize) {
+        self.shared.workers[worker]
+            .counters
+            .cancelled
+            .fetch_add(1, Relaxed);
+    }
+
+    /// Hands a queued message back (force stop): through its completion, or
+    /// the `on_reject` hook for a fire-and-forget send.
+    pub(crate) fn reject(&self, key: &K, env: Envelope<M, H::Output>)
+    where
+        K: Clone,
+    {
+        let Envelope { msg, reply, credit } = env;
+        match reply {
+            Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
+            None => {
+                if let Some(hook) = &self.on_reject {
+                    let key = key.clone();
+                    let _ = catch_unwind(AssertUnwindSafe(|| hook(key, msg)));
+                }
+            }
+        }
+        self.shared.rejected.fetch_add(1, Relaxed);
+        credit.release(1);
+    }
+
+    fn live_mailboxes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+}
+
+/// What the executor needs from every dispatcher, whatever its types.
+pub(crate) trait StopTarget: Send + Sync + 'static {
+    /// Force stop: take every mailbox out of the map, reject its queue on
+    /// this thread and cancel its suspended future.
+    fn force_drain(&self) -> usize;
+    /// No mailbox is alive (a closed leftover does not count).
+    fn is_drained(&self) -> bool;
+    fn live_mailboxes(&self) -> usize;
+    fn id(&self) -> u64;
+    fn clone_box(&self) -> Box<dyn StopTarget>;
+}
+
+struct Target<K, M, H: Handler<K, M>, S>(Arc<DispatcherInner<K, M, H, S>>);
+
+impl<K, M, H, S> StopTarget for Target<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    fn force_drain(&self) -> usize {
+        let mut n = 0;
+        for shard in self.0.shards.iter() {
+            let taken: Vec<MailboxRef<K, M, H, S>> = shard.lock().drain().collect();
+            for mailbox in taken {
+                n += mailbox.0.force_stop();
+            }
+        }
+        n
+    }
+
+    fn is_drained(&self) -> bool {
+        self.0
+            .shards
+            .iter()
+            .all(|s| s.lock().iter().all(|m| m.0.is_closed()))
+    }
+
+    fn live_mailboxes(&self) -> usize {
+        self.0.live_mailboxes()
+    }
+
+    fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    fn clone_box(&self) -> Box<dyn StopTarget> {
+        Box::new(Target(self.0.clone()))
+    }
+}
+
+/// The type-erased face of a dispatcher that handles and receivers hold.
+pub(crate) trait Core<K, M, O>: Send + Sync {
+    fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<(), Envelope<M, O>>;
+    fn is_closed(&self) -> bool;
+    fn live_mailboxes(&self) -> usize;
+    fn clone_box(&self) -> Box<dyn Core<K, M, O>>;
+}
+
+/// One user-facing handle: counts itself in `handles`.
+struct CoreHandle<K, M, H: Handler<K, M>, S>(Arc<DispatcherInner<K, M, H, S>>);
+
+impl<K, M, H: Handler<K, M>, S> CoreHandle<K, M, H, S> {
+    fn new(inner: Arc<DispatcherInner<K, M, H, S>>) -> Self {
+        inner.handles.fetch_add(1, Relaxed);
+        CoreHandle(inner)
+    }
+}
+
+impl<K, M, H: Handler<K, M>, S> Drop for CoreHandle<K, M, H, S> {
+    fn drop(&mut self) {
+        if self.0.handles.fetch_sub(1, AcqRel) == 1 {
+            self.0.shared.deregister_if_idle(self.0.id);
+        }
+    }
+}
+
+impl<K, M, H, S> Core<K, M, H::Output> for CoreHandle<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    #[inline]
+    fn enqueue(&self, key: K, env: Envelope<M, H::Output>) -> Result<(), Envelope<M, H::Output>> {
+        DispatcherInner::enqueue(&self.0, key, env)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.shared.is_closed()
+    }
+
+    fn live_mailboxes(&self) -> usize {
+        self.0.live_mailboxes()
+    }
+
+    fn clone_box(&self) -> Box<dyn Core<K, M, H::Output>> {
+        Box::new(CoreHandle::new(self.0.clone()))
+    }
+}
+
+/// Runs one handler for many keys: each key's messages one at a time, in
+/// arrival order, on the executor's shared workers.
+///
+/// A dispatcher keeps a mailbox per key *while that key has work*; an idle
+/// mailbox is removed, so memory follows the live keys. Feed it through one
+/// or more [`Receiver`]s (one per source), each with its own credit.
+///
+/// `K` is the key, `M` the message and `O` the handler's output. Clones share
+/// the same mailboxes. A dispatcher does not keep the executor's workers
+/// alive: once the last [`KeyedExecutor`] handle is dropped, it refuses new
+/// messages.
+///
+/// ```
+/// use keyed_executor::{handler, KeyedExecutor};
+///
+/// let executor = KeyedExecutor::builder().workers(2).build()?;
+/// let dispatcher = executor.dispatcher(handler::from_fn(|account: &u64, amount: i64| {
+///     // apply `amount` to `account`: runs alone for this account
+///     (*account, amount)
+/// }));
+/// let receiver = dispatcher.receiver(256)?;
+/// let done = receiver.submit_blocking(7, 100)?;
+/// assert_eq!(done.wait()?, (7, 100));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Dispatcher<K, M, O> {
+    core: Box<dyn Core<K, M, O>>,
+}
+
+impl<K, M, O> Dispatcher<K, M, O> {
+    /// A new receiver (source) holding at most `max_in_flight` unfinished
+    /// messages.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroMaxInFlight`] if `max_in_flight` is 0.
+    pub fn receiver(&self, max_in_flight: usize) -> Result<Receiver<K, M, O>, ConfigError> {
+        if max_in_flight == 0 {
+            return Err(ConfigError::ZeroMaxInFlight);
+        }
+        Ok(Receiver::new(self.core.clone_box(), max_in_flight))
+    }
+
+    /// A new receiver with the default `max_in_flight`
+    /// ([`DEFAULT_MAX_IN_FLIGHT`], 256).
+    pub fn default_receiver(&self) -> Receiver<K, M, O> {
+        Receiver::new(self.core.clone_box(), DEFAULT_MAX_IN_FLIGHT)
+    }
+
+    /// Keys with a live mailbox right now (work queued, running or suspended).
+    pub fn live_mailboxes(&self) -> usize {
+        self.core.live_mailboxes()
+    }
+
+    /// Whether the executor refuses new messages.
+    pub fn is_closed(&self) -> bool {
+        self.core.is_closed()
+    }
+}
+
+impl<K, M, O> Clone for Dispatcher<K, M, O> {
+    fn clone(&self) -> Self {
+        Dispatcher {
+            core: self.core.clone_box(),
+        }
+    }
+}
+
+impl<K, M, O> fmt::Debug for Dispatcher<K, M, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("live_mailboxes", &self.live_mailboxes())
+            .finish()
+    }
+}
+
+/// Configures a [`Dispatcher`]: hooks and the key hasher. Made by
+/// [`KeyedExecutor::dispatcher_builder`].
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use keyed_executor::{handler, KeyedExecutor};
+///
+/// let executor = KeyedExecutor::builder().workers(1).build()?;
+/// let redeliver = Arc::new(Mutex::new(Vec::new()));
+/// let sink = redeliver.clone();
+/// let dispatcher = executor
+///     .dispatcher_builder(handler::from_fn(|_: &u32, msg: String| msg.len()))
+///     .on_reject(move |key, msg| sink.lock().unwrap().push((key, msg)))
+///     .on_panic(|key, panic| eprintln!("handler for {key} panicked: {panic}"))
+///     .build();
+/// # drop(dispatcher);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "a builder does nothing until `build()` is called"]
+pub struct DispatcherBuilder<'e, K, M, H, S = RandomState> {
+    executor: &'e KeyedExecutor,
+    handler: H,
+    hasher: S,
+    on_reject: Option<RejectHook<K, M>>,
+    on_panic: Option<PanicHook<K>>,
+    _types: PhantomData<fn(K, M)>,
+}
+
+impl<K, M, H, S> fmt::Debug for DispatcherBuilder<'_, K, M, H, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DispatcherBuilder")
+            .field("on_reject", &self.on_reject.is_some())
+            .field("on_panic", &self.on_panic.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'e, K, M, H> DispatcherBuilder<'e, K, M, H, RandomState> {
+    pub(crate) fn new(executor: &'e KeyedExecutor, handler: H) -> Self {
+        DispatcherBuilder {
+            executor,
+            handler,
+            hasher: RandomState::new(),
+            on_reject: None,
+            on_panic: None,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<'e, K, M, H, S> DispatcherBuilder<'e, K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// Called with each fire-and-forget message ([`Receiver::send`] and
+    /// friends) that a force stop hands back unprocessed, on the stopping
+    /// thread. Messages with a completion handle come back through it instead
+    /// ([`TaskError::Rejected`]). Without a hook they are dropped (and counted
+    /// in [`ExecutorStats::rejected`](crate::ExecutorStats::rejected)).
+    pub fn on_reject(mut self, hook: impl Fn(K, M) + Send + Sync + 'static) -> Self {
+        self.on_reject = Some(Box::new(hook));
+        self
+    }
+
+    /// Called with the panic of a fire-and-forget message's handler (one with
+    /// a completion handle reports it there instead), on the worker.
+    pub fn on_panic(mut self, hook: impl Fn(&K, Panic) + Send + Sync + 'static) -> Self {
+        self.on_panic = Some(Box::new(hook));
+        self
+    }
+
+    /// The hasher for keys (default: `RandomState`, which resists HashDoS).
+    /// A faster non-keyed hasher is fine when keys are not attacker-chosen.
+    pub fn hasher<S2>(self, hasher: S2) -> DispatcherBuilder<'e, K, M, H, S2>
+    where
+        S2: BuildHasher + Clone + Send + Sync + 'static,
+    {
+        DispatcherBuilder {
+            executor: self.executor,
+            handler: self.handler,
+            hasher,
+            on_reject: self.on_reject,
+            on_panic: self.on_panic,
+            _types: PhantomData,
+        }
+    }
+
+    /// Creates the dispatcher on the executor's workers.
+    pub fn build(self) -> Dispatcher<K, M, H::Output> {
+        let shared = self.executor.shared().clone();
+        let shards = (shared.workers.len() * 8).next_power_of_two().clamp(8, 256);
+        let id = shared.next_dispatcher_id();
+        let inner = Arc::new(DispatcherInner {
+            shared: shared.clone(),
+            handler: self.handler,
+            shards: (0..shards)
+                .map(|_| CachePadded::new(Mutex::new(HashSet::with_hasher(self.hasher.clone()))))
+                .collect(),
+            hasher: self.hasher,
+            on_reject: self.on_reject,
+            on_panic: self.on_panic,
+            handles: AtomicUsize::new(0),
+            id,
+        });
+        let handle = CoreHandle::new(inner.clone());
+        shared.register(Box::new(Target(inner)));
+        Dispatcher {
+            core: Box::new(handle),
+        }
+    }
+}

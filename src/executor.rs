@@ -1,0 +1,562 @@
+//! The executor: the pool of workers every dispatcher shares, and its
+//! lifecycle.
+//!
+//! # Lifecycle
+//!
+//! `Shared::state` holds two flags, only ever set (never cleared):
+//! `CLOSED` (nothing new is accepted) and `FORCED` (nothing new starts).
+//!
+//! Graceful stop, [`KeyedExecutor::shutdown`]:
+//! 1. Set `CLOSED`, then wake every parked worker.
+//! 2. From now on a submit is refused with `Closed(msg)`: the flag is read
+//!    under the key's shard lock, so a submit that got in before (and whose
+//!    mailbox is therefore in a map) is seen by step 3.
+//! 3. Workers keep running everything accepted, suspended futures included
+//!    (their wakes still schedule them). A worker that runs out of work checks
+//!    whether every dispatcher's map is empty (each shard under its lock); if
+//!    so it exits, otherwise it parks. Every mailbox retired while `CLOSED`
+//!    wakes the workers to check again.
+//! 4. The caller waits for every worker to exit, up to the timeout, and joins
+//!    them. `true` means all accepted work finished and no worker is left.
+//!    Called from one of the executor's own workers it cannot wait for itself:
+//!    it starts the stop and returns `false`; the workers exit by themselves
+//!    once drained.
+//!
+//! Force stop, [`KeyedExecutor::shutdown_now`] (also what dropping the last
+//! `KeyedExecutor` handle does):
+//! 1. Set `CLOSED | FORCED`, fence, wake every parked worker.
+//! 2. On the calling thread, walk every dispatcher's map: take each mailbox
+//!    out, reject its queued messages (through their completion, or the
+//!    dispatcher's `on_reject` hook), and cancel a suspended future.
+//! 3. On the calling thread, pop every worker queue and cancel what is there.
+//! 4. Runners check `FORCED` before starting each message; a step already
+//!    running finishes, then its future (if still pending) is cancelled by the
+//!    runner. Workers cancel anything they pop, then exit.
+//! 5. A wake racing the stop may push a mailbox after step 3: the pusher
+//!    fences, sees `FORCED` and cancels what it pushed itself.
+//! 6. The caller waits for the workers to exit and joins them (not when
+//!    called from a worker).
+//!
+//! Each accepted message therefore ends exactly once: done, panicked,
+//! rejected (handed back) or cancelled.
+
+use std::fmt;
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+
+use crate::config::{Builder, Config};
+use crate::dispatcher::{Dispatcher, DispatcherBuilder, StopTarget};
+use crate::error::ConfigError;
+use crate::handler::Handler;
+use crate::stats::{ExecutorStats, WorkerState, WorkerStats};
+use crate::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
+use crate::sync::{thread, Arc, Condvar, Mutex};
+use crate::task::Task;
+use crate::worker::{self, Worker, EXITED, PARKED, RUNNING, SPINNING};
+
+const CLOSED: usize = 1;
+const FORCED: usize = 2;
+
+struct Registry {
+    targets: Vec<Box<dyn StopTarget>>,
+    next_id: u64,
+    /// Every worker exited: nothing will run again, drop registrations.
+    sealed: bool,
+}
+
+struct Lifecycle {
+    handles: Vec<thread::JoinHandle<()>>,
+    started: usize,
+    exited: usize,
+}
+
+/// State shared by the executor's handles, its workers and its dispatchers.
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) workers: Box<[Worker]>,
+    state: CachePadded<AtomicUsize>,
+    next_worker: CachePadded<AtomicUsize>,
+    registry: Mutex<Registry>,
+    lifecycle: Mutex<Lifecycle>,
+    lifecycle_cv: Condvar,
+    /// `KeyedExecutor` handles; the last one dropped force-stops the pool.
+    owners: AtomicUsize,
+    pub(crate) rejected: AtomicU64,
+}
+
+impl Shared {
+    /// An identity for this executor (its address), for thread-locals.
+    pub(crate) fn id(&self) -> usize {
+        self as *const Shared as usize
+    }
+
+    #[inline]
+    pub(crate) fn state(&self) -> usize {
+        self.state.load(SeqCst)
+    }
+
+    #[inline]
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state() & CLOSED != 0
+    }
+
+    #[inline]
+    pub(crate) fn is_forced(&self) -> bool {
+        self.state() & FORCED != 0
+    }
+
+    /// Whether a worker that ran out of work should exit.
+    pub(crate) fn should_exit(&self, state: usize) -> bool {
+        if state & FORCED != 0 {
+            return true;
+        }
+        state & CLOSED != 0 && self.is_drained()
+    }
+
+    /// No dispatcher has a live mailbox.
+    fn is_drained(&self) -> bool {
+        let reg = self.registry.lock();
+        reg.targets.iter().all(|t| t.is_drained())
+    }
+
+    /// The worker for a new mailbox: a running one with nothing queued, else
+    /// a parked one, else the next in turn.
+    pub(crate) fn pick_worker(&self) -> usize {
+        let n = self.workers.len();
+        if n == 1 {
+            return 0;
+        }
+        let start = self.next_worker.fetch_add(1, Relaxed) % n;
+        let mut parked = None;
+        for i in 0..n {
+            let idx = (start + i) % n;
+            let w = &self.workers[idx];
+            match w.state.load(Relaxed) {
+                RUNNING | SPINNING if w.queue.is_empty() => return idx,
+                PARKED if parked.is_none() => parked = Some(idx),
+                _ => {}
+            }
+        }
+        parked.unwrap_or(start)
+    }
+
+    /// Pushes `task` on `worker`'s queue from any thread, waking the worker
+    /// if it sleeps.
+    #[inline]
+    pub(crate) fn schedule(&self, worker: usize, task: Task) {
+        let w = &self.workers[worker];
+        w.queue.push(task);
+        fence(SeqCst);
+        w.wake_if_parked();
+        if self.is_forced() {
+            // The stop may already have emptied this queue and the worker may
+            // be gone: cancel what we pushed ourselves.
+            self.cancel_queue(worker);
+        }
+    }
+
+    /// Pushes `task` on the queue of the worker running this code.
+    #[inline]
+    pub(crate) fn schedule_local(&self, worker: usize, task: Task) {
+        self.workers[worker].queue.push(task);
+    }
+
+    fn cancel_queue(&self, worker: usize) {
+        while let Some(task) = self.workers[worker].queue.pop() {
+            task.cancel();
+        }
+    }
+
+    fn wake_all(&self) {
+        fence(SeqCst);
+        for w in self.workers.iter() {
+            w.wake_if_parked();
+        }
+    }
+
+    /// A mailbox was retired: during a graceful stop, workers re-check
+    /// whether everything drained.
+    pub(crate) fn on_mailbox_retired(&self) {
+        if self.is_closed() {
+            self.wake_all();
+        }
+    }
+
+    fn close(&self) {
+        self.state.fetch_or(CLOSED, SeqCst);
+        self.wake_all();
+    }
+
+    fn force(&self) {
+        // Set the flag and snapshot the dispatchers under the registry lock:
+        // the last worker to exit empties the registry (under the same lock),
+        // and workers exit as soon as they see FORCED, so a snapshot taken
+        // after the flag could miss dispatchers whose mailboxes still hold
+        // queued messages or suspended futures.
+        let targets: Vec<Box<dyn StopTarget>> = {
+            let reg = self.registry.lock();
+            self.state.fetch_or(CLOSED | FORCED, SeqCst);
+            reg.targets.iter().map(|t| t.clone_box()).collect()
+        };
+        self.wake_all();
+        for t in &targets {
+            t.force_drain();
+        }
+        drop(targets);
+        for i in 0..self.workers.len() {
+            self.cancel_queue(i);
+        }
+    }
+
+    /// A worker is up (its `on_thread_start` hook ran).
+    pub(crate) fn worker_started(&self) {
+        let mut lc = self.lifecycle.lock();
+        lc.started += 1;
+        self.lifecycle_cv.notify_all();
+    }
+
+    /// Waits until `n` workers started or exited.
+    fn wait_started(&self, n: usize) {
+        let mut lc = self.lifecycle.lock();
+        while lc.started + lc.exited < n {
+            lc = self.lifecycle_cv.wait(lc);
+        }
+    }
+
+    pub(crate) fn worker_exited(&self) {
+        let sealed = {
+            let mut lc = self.lifecycle.lock();
+            lc.exited += 1;
+            let last = lc.exited == self.workers.len();
+            self.lifecycle_cv.notify_all();
+            last
+        };
+        if sealed {
+            // Nothing runs any more: drop the registrations (they hold the
+            // dispatchers, which hold this `Shared`) outside the lock.
+            let targets = {
+                let mut reg = self.registry.lock();
+                reg.sealed = true;
+                std::mem::take(&mut reg.targets)
+            };
+            drop(targets);
+        }
+    }
+
+    /// Waits for every worker to exit (until `deadline`), then joins them.
+    fn wait_workers(&self, deadline: Option<Instant>) -> bool {
+        let mut lc = self.lifecycle.lock();
+        while lc.exited < self.workers.len() {
+            match deadline {
+                None => lc = self.lifecycle_cv.wait(lc),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    lc = self.lifecycle_cv.wait_timeout(lc, d - now).0;
+                }
+            }
+        }
+        let handles = std::mem::take(&mut lc.handles);
+        drop(lc);
+        for h in handles {
+            let _ = h.join();
+        }
+        true
+    }
+
+    pub(crate) fn next_dispatcher_id(&self) -> u64 {
+        let mut reg = self.registry.lock();
+        reg.next_id += 1;
+        reg.next_id
+    }
+
+    pub(crate) fn register(&self, target: Box<dyn StopTarget>) {
+        let mut reg = self.registry.lock();
+        if reg.sealed {
+            drop(reg);
+            drop(target);
+            return;
+        }
+        reg.targets.push(target);
+    }
+
+    /// Drops the registration of a dispatcher nobody holds once it has no
+    /// live mailbox.
+    pub(crate) fn deregister_if_idle(&self, id: u64) {
+        let removed = {
+            let mut reg = self.registry.lock();
+            match reg.targets.iter().position(|t| t.id() == id) {
+                Some(i) if reg.targets[i].is_drained() => Some(reg.targets.swap_remove(i)),
+                _ => None,
+            }
+        };
+        drop(removed);
+    }
+
+    fn stats(&self) -> ExecutorStats {
+        let workers: Vec<WorkerStats> = self
+            .workers
+            .iter()
+            .map(|w| {
+                let c = &w.counters;
+                WorkerStats {
+                    state: match w.state.load(Relaxed) {
+                        RUNNING => WorkerState::Running,
+                        SPINNING => WorkerState::Spinning,
+                        PARKED => WorkerState::Parked,
+                        _ => WorkerState::Exited,
+                    },
+                    queued_mailboxes: w.queue.len(),
+                    done: c.done.load(Relaxed),
+                    panicked: c.panicked.load(Relaxed),
+                    cancelled: c.cancelled.load(Relaxed),
+                    parks: c.parks.load(Relaxed),
+                    unparks: c.unparks.load(Relaxed),
+                    spin_hits: c.spin_hits.load(Relaxed),
+                }
+            })
+            .collect();
+        let live_mailboxes = {
+            let targets: Vec<Box<dyn StopTarget>> = {
+                let reg = self.registry.lock();
+                reg.targets.iter().map(|t| t.clone_box()).collect()
+            };
+            targets.iter().map(|t| t.live_mailboxes()).sum()
+        };
+        ExecutorStats {
+            done: workers.iter().map(|w| w.done).sum(),
+            panicked: workers.iter().map(|w| w.panicked).sum(),
+            cancelled: workers.iter().map(|w| w.cancelled).sum(),
+            rejected: self.rejected.load(Relaxed),
+            live_mailboxes,
+            closed: self.is_closed(),
+            workers,
+        }
+    }
+}
+
+/// A pool of worker threads that runs, for every key, its messages one at a
+/// time and in arrival order, and different keys in parallel.
+///
+/// Create one per process (or per runtime) with [`KeyedExecutor::builder`],
+/// then one [`Dispatcher`] per handler. All dispatchers share the same
+/// workers: never a thread per key, per dispatcher or per type.
+///
+/// The handle is cheap to clone. The pool lives until [`shutdown`]
+/// (graceful) or [`shutdown_now`] (force), or until the last
+/// `KeyedExecutor` handle is dropped, which force-stops it and joins its
+/// threads: queued messages are handed back as rejected and suspended
+/// futures cancelled. Dispatchers and receivers do not keep it alive.
+///
+/// [`shutdown`]: KeyedExecutor::shutdown
+/// [`shutdown_now`]: KeyedExecutor::shutdown_now
+///
+/// ```
+/// use std::time::Duration;
+/// use keyed_executor::{handler, KeyedExecutor};
+///
+/// let executor = KeyedExecutor::builder().workers(2).build()?;
+/// let dispatcher = executor.dispatcher(handler::from_fn(|key: &u64, cmd: u32| (*key, cmd)));
+/// let receiver = dispatcher.receiver(256)?;
+/// let handles: Vec<_> = (0..10)
+///     .map(|i| receiver.submit_blocking(i % 3, i as u32))
+///     .collect::<Result<_, _>>()?;
+/// for h in handles {
+///     h.wait()?;
+/// }
+/// assert!(executor.shutdown(Duration::from_secs(5)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedExecutor {
+    shared: Arc<Shared>,
+}
+
+impl KeyedExecutor {
+    /// A builder with the default settings.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    /// An executor with the default settings (see [`Builder`]).
+    ///
+    /// # Errors
+    /// If a worker thread cannot be started.
+    pub fn new() -> Result<Self, ConfigError> {
+        Builder::new().build()
+    }
+
+    pub(crate) fn start(config: Config) -> Result<Self, ConfigError> {
+        let n = config.workers;
+        let shared = Arc::new(Shared {
+            workers: (0..n).map(|_| Worker::new()).collect(),
+            config,
+            state: CachePadded::new(AtomicUsize::new(0)),
+            next_worker: CachePadded::new(AtomicUsize::new(0)),
+            registry: Mutex::new(Registry {
+                targets: Vec::new(),
+                next_id: 0,
+                sealed: false,
+            }),
+            lifecycle: Mutex::new(Lifecycle {
+                handles: Vec::with_capacity(n),
+                started: 0,
+                exited: 0,
+            }),
+            lifecycle_cv: Condvar::new(),
+            owners: AtomicUsize::new(1),
+            rejected: AtomicU64::new(0),
+        });
+        let executor = KeyedExecutor {
+            shared: shared.clone(),
+        };
+        for i in 0..n {
+            let name = format!("{}-{}", shared.config.thread_name, i);
+            let mut b = thread::Builder::new().name(name.clone());
+            if let Some(size) = shared.config.stack_size {
+                b = b.stack_size(size);
+            }
+            let s = shared.clone();
+            match b.spawn(move || worker::run(s, i)) {
+                Ok(h) => shared.lifecycle.lock().handles.push(h),
+                Err(e) => {
+                    // Count the workers that never started as exited, then
+                    // stop the ones that did (dropping `executor` does that).
+                    for j in i..n {
+                        shared.workers[j].state.store(EXITED, SeqCst);
+                        shared.worker_exited();
+                    }
+                    drop(executor);
+                    return Err(ConfigError::Spawn {
+                        name,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        // Return only once every worker runs (and its start hook ran), so a
+        // caller sees the whole pool.
+        shared.wait_started(n);
+        Ok(executor)
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// A dispatcher running `handler` on this executor's workers, with the
+    /// default settings (see [`dispatcher_builder`](Self::dispatcher_builder)
+    /// for hooks and a custom hasher).
+    pub fn dispatcher<K, M, H>(&self, handler: H) -> Dispatcher<K, M, H::Output>
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+        M: Send + 'static,
+        H: Handler<K, M>,
+    {
+        DispatcherBuilder::new(self, handler).build()
+    }
+
+    /// A builder for a dispatcher running `handler`, to set its hooks or
+    /// hasher.
+    pub fn dispatcher_builder<K, M, H>(&self, handler: H) -> DispatcherBuilder<'_, K, M, H>
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+        M: Send + 'static,
+        H: Handler<K, M>,
+    {
+        DispatcherBuilder::new(self, handler)
+    }
+
+    /// Number of worker threads.
+    pub fn workers(&self) -> usize {
+        self.shared.workers.len()
+    }
+
+    /// Graceful stop: refuse new messages (handing them back as
+    /// `Closed(msg)`), run everything already accepted — suspended futures
+    /// included — and join the workers.
+    ///
+    /// Returns `true` if all of that finished within `timeout`, `false` if the
+    /// timeout passed first; the stop then goes on in the background, and a
+    /// later `shutdown` can wait again, or [`shutdown_now`](Self::shutdown_now)
+    /// can force it. Called from inside a handler (on one of this executor's
+    /// workers) it cannot wait for its own work: it starts the stop and
+    /// returns `false` at once.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
+        self.shared.close();
+        if worker::on_worker_of(self.shared.id()) {
+            return false;
+        }
+        self.shared
+            .wait_workers(Instant::now().checked_add(timeout))
+    }
+
+    /// Force stop. Idempotent.
+    ///
+    /// No mailbox starts another message. Messages still queued are rejected
+    /// **on the calling thread** and handed back: through their completion
+    /// ([`TaskError::Rejected`](crate::TaskError::Rejected)), or the
+    /// dispatcher's [`on_reject`](crate::DispatcherBuilder::on_reject) hook for
+    /// fire-and-forget sends. Suspended futures are dropped and their
+    /// completions say [`Cancelled`](crate::TaskError::Cancelled). A handler
+    /// already running finishes its current step (one poll), then the
+    /// workers exit; this call waits for that and joins them, except when
+    /// called from one of this executor's workers.
+    pub fn shutdown_now(&self) {
+        self.shared.force();
+        if !worker::on_worker_of(self.shared.id()) {
+            self.shared.wait_workers(None);
+        }
+    }
+
+    /// Whether a stop began (new messages are refused).
+    pub fn is_shutdown(&self) -> bool {
+        self.shared.is_closed()
+    }
+
+    /// Whether every worker thread has exited.
+    pub fn is_terminated(&self) -> bool {
+        self.shared.lifecycle.lock().exited == self.shared.workers.len()
+    }
+
+    /// A snapshot of the executor's counters and worker states. Cheap enough
+    /// to poll (it briefly locks each dispatcher's shards to count mailboxes).
+    pub fn stats(&self) -> ExecutorStats {
+        self.shared.stats()
+    }
+}
+
+impl Clone for KeyedExecutor {
+    fn clone(&self) -> Self {
+        self.shared.owners.fetch_add(1, Relaxed);
+        KeyedExecutor {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for KeyedExecutor {
+    /// Dropping the last handle force-stops the pool and joins its workers
+    /// (see [`shutdown_now`](KeyedExecutor::shutdown_now)), so no thread is
+    /// left behind.
+    fn drop(&mut self) {
+        if self.shared.owners.fetch_sub(1, AcqRel) == 1 {
+            self.shutdown_now();
+        }
+    }
+}
+
+impl fmt::Debug for KeyedExecutor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedExecutor")
+            .field("workers", &self.workers())
+            .field("throughput", &self.shared.config.throughput)
+            .field("spin", &self.shared.config.spin)
+            .field("thread_name", &self.shared.config.thread_name)
+            .field("shutdown", &self.is_shutdown())
+            .finish()
+    }
+}

@@ -1,0 +1,140 @@
+//! Handlers: what a dispatcher runs for each message.
+//!
+//! One trait, [`Handler`], covers both kinds. Its `call` returns a future; a
+//! sync handler ([`from_fn`]) returns [`std::future::Ready`], which completes
+//! on its first poll and is never boxed. An async handler ([`from_async_fn`])
+//! returns its closure's future type as is: the mailbox stores it inline
+//! (its type is known), so there is no per-message `Box<dyn Future>`.
+
+use std::fmt;
+use std::future::{ready, Future, Ready};
+
+/// Runs one message of a key. The returned future is polled on the key's
+/// worker with the crate's own waker; the key's next message starts only
+/// after it completes, so per-key order holds across `.await`.
+///
+/// Implement it directly for a handler with state, or use [`from_fn`] /
+/// [`from_async_fn`] for a closure.
+///
+/// ```
+/// use std::future::{ready, Ready};
+/// use keyed_executor::handler::Handler;
+///
+/// struct Add(u64);
+///
+/// impl Handler<String, u64> for Add {
+///     type Output = u64;
+///     type Future = Ready<u64>;
+///     fn call(&self, _key: &String, n: u64) -> Ready<u64> {
+///         ready(n + self.0)
+///     }
+/// }
+/// ```
+pub trait Handler<K, M>: Send + Sync + 'static {
+    /// What a message produces.
+    type Output: Send + 'static;
+    /// The work of one message. `Send` because a force stop may drop a
+    /// suspended future on the stopping thread.
+    type Future: Future<Output = Self::Output> + Send + 'static;
+
+    /// Starts the work of `message` for `key`.
+    fn call(&self, key: &K, message: M) -> Self::Future;
+}
+
+/// A sync handler: see [`from_fn`].
+#[derive(Clone)]
+pub struct FromFn<F>(F);
+
+/// An async handler: see [`from_async_fn`].
+#[derive(Clone)]
+pub struct FromAsyncFn<F>(F);
+
+impl<F> fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FromFn(..)")
+    }
+}
+
+impl<F> fmt::Debug for FromAsyncFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FromAsyncFn(..)")
+    }
+}
+
+/// Wraps a sync closure `Fn(&K, M) -> O` as a [`Handler`]. Its result is
+/// handed back through a [`std::future::Ready`], so nothing is boxed.
+///
+/// ```
+/// use keyed_executor::{handler, KeyedExecutor};
+///
+/// let executor = KeyedExecutor::builder().workers(1).build()?;
+/// let dispatcher = executor.dispatcher(handler::from_fn(|key: &u64, n: u64| key + n));
+/// let receiver = dispatcher.receiver(16)?;
+/// let done = receiver.submit_blocking(40, 2)?;
+/// assert_eq!(done.wait()?, 42);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn from_fn<K, M, O, F>(f: F) -> FromFn<F>
+where
+    F: Fn(&K, M) -> O + Send + Sync + 'static,
+    O: Send + 'static,
+{
+    FromFn(f)
+}
+
+/// Wraps an async closure `Fn(K, M) -> impl Future<Output = O>` as a
+/// [`Handler`]. The key is cloned for each message (the future must own it).
+/// While the future is pending it holds no worker; the key's next message
+/// waits for it to complete.
+///
+/// ```
+/// use keyed_executor::{handler, KeyedExecutor};
+///
+/// let executor = KeyedExecutor::builder().workers(1).build()?;
+/// let dispatcher = executor.dispatcher(handler::from_async_fn(|key: u64, n: u64| async move {
+///     // e.g. `store.append(key, n).await`
+///     key * n
+/// }));
+/// let receiver = dispatcher.receiver(16)?;
+/// assert_eq!(receiver.submit_blocking(6, 7)?.wait()?, 42);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn from_async_fn<K, M, Fut, F>(f: F) -> FromAsyncFn<F>
+where
+    K: Clone,
+    F: Fn(K, M) -> Fut + Send + Sync + 'static,
+    Fut: Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    FromAsyncFn(f)
+}
+
+impl<K, M, O, F> Handler<K, M> for FromFn<F>
+where
+    F: Fn(&K, M) -> O + Send + Sync + 'static,
+    O: Send + 'static,
+{
+    type Output = O;
+    type Future = Ready<O>;
+
+    #[inline]
+    fn call(&self, key: &K, message: M) -> Ready<O> {
+        ready((self.0)(key, message))
+    }
+}
+
+impl<K, M, Fut, F> Handler<K, M> for FromAsyncFn<F>
+where
+    K: Clone,
+    F: Fn(K, M) -> Fut + Send + Sync + 'static,
+    Fut: Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    type Output = Fut::Output;
+    type Future = Fut;
+
+    #[inline]
+    fn call(&self, key: &K, message: M) -> Fut {
+        (self.0)(key.clone(), message)
+    }
+}

@@ -1,0 +1,566 @@
+//! The mailbox of one key: its queue of messages, the future of the message
+//! it is running, and the state machine that makes "one at a time, in arrival
+//! order, nothing lost" hold under every interleaving of submit, wake, panic,
+//! retirement and stop.
+//!
+//! # State machine
+//!
+//! `state` holds one of four states plus a flag; every transition is a single
+//! read-modify-write.
+//!
+//! - `SCHEDULED`: the mailbox is in its worker's queue, exactly once. Nobody
+//!   runs it. Made by: the submitter that creates the mailbox, a waker
+//!   (from `SUSPENDED`), or the runner re-queuing itself (throughput spent, or
+//!   woken during its poll).
+//! - `RUNNING`: its worker runs a turn. Only the runner touches `future` and
+//!   `meta`. Made by: the worker that popped it (`SCHEDULED` → `RUNNING`,
+//!   clearing `NOTIFIED`).
+//! - `SUSPENDED`: the current message's future returned `Pending`; no worker
+//!   holds the mailbox. Made by: the runner. Left by: a waker (→ `SCHEDULED`,
+//!   and it pushes the mailbox on its worker's queue) or a force stop that
+//!   claims it (→ `CLOSED`, and it drops the future).
+//! - `CLOSED`: terminal. The mailbox was removed from its dispatcher's map
+//!   (retired when idle) or stopped by a force stop. Wakes are ignored.
+//! - `NOTIFIED` (flag, with `SCHEDULED` or `RUNNING`): a wake arrived while the
+//!   mailbox was queued or running. If the runner's poll then returns
+//!   `Pending`, it re-queues the mailbox (`SCHEDULED`) instead of suspending,
+//!   so the future is polled once more: a wake during a poll is never lost,
+//!   and since only the `SUSPENDED` → `SCHEDULED` edge pushes, never
+//!   scheduled twice.
+//!
+//! ```text
+//!            create (submitter)
+//!                   |
+//!                   v        pop (worker)
+//!   +-------->  SCHEDULED  ---------------->  RUNNING ---- idle, under shard lock ----> CLOSED
+//!   |               ^                          |  |  \                                   ^
+//!   |  wake         |  throughput spent, or    |  |   force stop seen between messages --+
+//!   |               +--- Pending + NOTIFIED ---+  |                                      |
+//!   |                                             | Pending                              |
+//!   +------------------  SUSPENDED  <-------------+                                      |
+//!                            |                                                           |
+//!                            +----------------- force stop claims it --------------------+
+//! ```
+//!
+//! # Messages and removal
+//!
+//! Messages are pushed only while the submitter holds the dispatcher's shard
+//! lock for this key, and the mailbox is only retired (removed from the map,
+//! `RUNNING` → `CLOSED`) by its runner while holding that same lock and after
+//! seeing the queue empty. So a message is either seen by the retiring runner
+//! (which then keeps running) or is pushed after the removal into a fresh
+//! mailbox: the remove-vs-submit race cannot lose a message.
+//!
+//! # Force stop
+//!
+//! The stopping thread sets `FORCED`, then walks every map: it takes each
+//! mailbox out, rejects its queued messages on its own thread, and claims a
+//! `SUSPENDED` one (→ `CLOSED`) to drop its future as cancelled. A runner
+//! checks `FORCED` under the queue lock before starting each message, so no
+//! message starts after the walk took the queue; a running step finishes, and
+//! if its future is still pending it is cancelled by the runner. A mailbox
+//! popped from a worker queue after `FORCED` is cancelled instead of run.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::ptr;
+use std::task::{Context, Poll};
+
+use crate::completion::{Outcome, Slot};
+use crate::dispatcher::DispatcherInner;
+use crate::error::{Panic, TaskError};
+use crate::handler::Handler;
+use crate::receiver::Credit;
+use crate::sync::atomic::{AtomicUsize, Ordering::*};
+use crate::sync::{Arc, Mutex, UnsafeCell};
+use crate::task::{Runnable, Task};
+use crate::waker::{Wake, WakerRef};
+use crate::worker::WorkerCx;
+
+const SCHEDULED: usize = 1;
+const RUNNING: usize = 2;
+const SUSPENDED: usize = 3;
+const CLOSED: usize = 4;
+const STATE_MASK: usize = 0b111;
+const NOTIFIED: usize = 0b1000;
+
+/// One accepted message on its way through a mailbox.
+pub(crate) struct Envelope<M, O> {
+    pub(crate) msg: M,
+    /// The completion to deliver to; `None` for fire-and-forget sends.
+    pub(crate) reply: Option<Arc<Slot<O, M>>>,
+    /// The credit unit this message holds until it finishes.
+    pub(crate) credit: Arc<Credit>,
+}
+
+/// Where the running message's outcome goes.
+struct Meta<O, M> {
+    reply: Option<Arc<Slot<O, M>>>,
+    credit: Arc<Credit>,
+}
+
+/// What a step of the current message ended with.
+#[must_use]
+enum Step {
+    /// The message finished (output or panic) and was delivered.
+    Done,
+    /// Its future returned `Pending`.
+    Pending,
+}
+
+/// What the runner found when it asked for the next message.
+enum Next<M, O> {
+    Message(Envelope<M, O>),
+    Empty,
+    Forced,
+}
+
+/// The result of trying to go idle after `Pending`.
+#[must_use]
+enum AfterPending {
+    /// Parked in `SUSPENDED` until a wake.
+    Suspended,
+    /// A wake came during the poll: re-queued to be polled again.
+    Requeued,
+}
+
+pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
+    state: AtomicUsize,
+    /// The worker this mailbox always runs on (sticky).
+    worker: usize,
+    /// The key's hash, which picks its shard.
+    hash: u64,
+    key: K,
+    queue: Mutex<VecDeque<Envelope<M, H::Output>>>,
+    /// The running message's future. Owned by whoever holds `RUNNING` (or
+    /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
+    future: UnsafeCell<Option<H::Future>>,
+    meta: UnsafeCell<Option<Meta<H::Output, M>>>,
+    dispatcher: Arc<DispatcherInner<K, M, H, S>>,
+}
+
+// SAFETY: the `UnsafeCell`s are only accessed by the single party that owns
+// the mailbox's turn (the state machine above hands that ownership over with
+// AcqRel read-modify-writes); everything else is `Sync` on its own. The
+// future and messages move between threads, hence the `Send` bounds.
+unsafe impl<K, M, H, S> Sync for Mailbox<K, M, H, S>
+where
+    K: Send + Sync,
+    M: Send,
+    H: Handler<K, M>,
+    S: Send + Sync,
+{
+}
+
+// SAFETY: as above: all fields are `Send` under these bounds.
+unsafe impl<K, M, H, S> Send for Mailbox<K, M, H, S>
+where
+    K: Send + Sync,
+    M: Send,
+    H: Handler<K, M>,
+    S: Send + Sync,
+{
+}
+
+impl<K, M, H, S> Mailbox<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: std::hash::BuildHasher + Send + Sync + 'static,
+{
+    /// A new mailbox holding its first message, in state `SCHEDULED` (its
+    /// creator pushes it on `worker`'s queue).
+    pub(crate) fn new(
+        key: K,
+        hash: u64,
+        worker: usize,
+        first: Envelope<M, H::Output>,
+        dispatcher: Arc<DispatcherInner<K, M, H, S>>,
+    ) -> Self {
+        let mut queue = VecDeque::with_capacity(1);
+        queue.push_back(first);
+        Mailbox {
+            state: AtomicUsize::new(SCHEDULED),
+            worker,
+            hash,
+            key,
+            queue: Mutex::new(queue),
+            future: UnsafeCell::new(None),
+            meta: UnsafeCell::new(None),
+            dispatcher,
+        }
+    }
+
+    pub(crate) fn key(&self) -> &K {
+        &self.key
+    }
+
+    /// Whether the mailbox reached its terminal state.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.load(Acquire) & STATE_MASK == CLOSED
+    }
+
+    /// Appends a message. The caller holds this key's shard lock and has
+    /// checked that the mailbox is not closed.
+    pub(crate) fn push(&self, env: Envelope<M, H::Output>) {
+        self.queue.lock().push_back(env);
+    }
+
+    /// Force stop, on the stopping thread: hand back every queued message,
+    /// and if the mailbox is suspended, claim it and cancel its future.
+    /// The caller has already taken the mailbox out of its map.
+    pub(crate) fn force_stop(&self) -> usize {
+        let queued = std::mem::take(&mut *self.queue.lock());
+        let n = queued.len();
+        for env in queued {
+            self.dispatcher.reject(&self.key, env);
+        }
+        if self
+            .state
+            .compare_exchange(SUSPENDED, CLOSED, AcqRel, Acquire)
+            .is_ok()
+        {
+            // SAFETY: the CAS made us the owner of the suspended mailbox.
+            unsafe { self.cancel_current() };
+        }
+        n
+    }
+
+    // ----- the runner's side -------------------------------------------------
+
+    /// Starts `env`: calls the handler and polls the future once.
+    ///
+    /// # Safety
+    /// The caller owns the mailbox's turn (`RUNNING`) and no future is stored.
+    unsafe fn start(this: &Arc<Self>, env: Envelope<M, H::Output>) -> Step {
+        let Envelope { msg, reply, credit } = env;
+        let handler = &this.dispatcher.handler;
+        match catch_unwind(AssertUnwindSafe(|| handler.call(&this.key, msg))) {
+            Ok(fut) => {
+                // SAFETY: we own the turn (caller's contract).
+                unsafe {
+                    this.future.with_mut(|f| ptr::write(f, Some(fut)));
+                    this.meta
+                        .with_mut(|m| ptr::write(m, Some(Meta { reply, credit })));
+                    Self::poll_current(this)
+                }
+            }
+            Err(payload) => {
+                this.dispatcher.finish(
+                    &this.key,
+                    this.worker,
+                    reply,
+                    &credit,
+                    Err(TaskError::Panicked(Panic::new(payload))),
+                );
+                Step::Done
+            }
+        }
+    }
+
+    /// Polls the stored future once with the mailbox's waker; on `Ready` or a
+    /// panic, drops it in place and delivers the outcome.
+    ///
+    /// # Safety
+    /// The caller owns the mailbox's turn and a future is stored.
+    unsafe fn poll_current(this: &Arc<Self>) -> Step {
+        let waker = WakerRef::new(this);
+        let mut cx = Context::from_waker(&waker);
+        let polled = this.future.with_mut(|f| {
+            // SAFETY: we own the turn, so nobody else touches the cell; the
+            // future is stored inside the `Arc`'d mailbox and is never moved
+            // before it is dropped in place (`drop_future`), so pinning it is
+            // sound.
+            let fut = unsafe { Pin::new_unchecked((*f).as_mut().expect("a future is stored")) };
+            catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx)))
+        });
+        let outcome: Outcome<H::Output, M> = match polled {
+            Ok(Poll::Pending) => return Step::Pending,
+            Ok(Poll::Ready(out)) => Ok(out),
+            Err(payload) => Err(TaskError::Panicked(Panic::new(payload))),
+        };
+        // SAFETY: we own the turn.
+        unsafe {
+            this.drop_future();
+            let meta = this.meta.with_mut(|m| (*m).take()).expect("meta is stored");
+            this.dispatcher
+                .finish(&this.key, this.worker, meta.reply, &meta.credit, outcome);
+        }
+        Step::Done
+    }
+
+    /// Drops the stored future in place (it is pinned), even if its `Drop`
+    /// panics; the panic is swallowed (the outcome is already decided).
+    ///
+    /// # Safety
+    /// The caller owns the mailbox's turn.
+    unsafe fn drop_future(&self) {
+        struct Clear<F>(*mut Option<F>);
+        impl<F> Drop for Clear<F> {
+            fn drop(&mut self) {
+                // SAFETY: the inner value was dropped in place (or its drop
+                // unwound, which also ends its life); overwrite without
+                // dropping again.
+                unsafe { ptr::write(self.0, None) }
+            }
+        }
+        self.future.with_mut(|f| {
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                let _clear = Clear(f);
+                // SAFETY: the owner of the turn may drop the future; it is
+                // dropped where it was pinned.
+                if let Some(fut) = unsafe { (*f).as_mut() } {
+                    // SAFETY: `fut` is valid and never used again: `_clear`
+                    // overwrites the slot with `None` without dropping it.
+                    unsafe { ptr::drop_in_place(fut) }
+                }
+            }));
+        });
+    }
+
+    /// Drops a pending future as cancelled (force stop).
+    ///
+    /// # Safety
+    /// The caller owns the mailbox (its turn, or a claimed `SUSPENDED`).
+    unsafe fn cancel_current(&self) {
+        // SAFETY: caller's contract.
+        let meta = unsafe { self.meta.with_mut(|m| (*m).take()) };
+        if let Some(meta) = meta {
+            // SAFETY: caller's contract.
+            unsafe { self.drop_future() };
+            self.dispatcher.cancelled(self.worker);
+            self.dispatcher.finish(
+                &self.key,
+                self.worker,
+                meta.reply,
+                &meta.credit,
+                Err(TaskError::Cancelled),
+            );
+        }
+    }
+
+    fn has_current(&self) -> bool {
+        // SAFETY: only called by the owner of the turn.
+        self.meta.with(|m| unsafe { (*m).is_some() })
+    }
+
+    fn next(&self) -> Next<M, H::Output> {
+        let mut q = self.queue.lock();
+        // Checked under the queue lock: a force stop sets FORCED before it
+        // takes the queue, so after it took it nothing here starts.
+        if self.dispatcher.shared.is_forced() {
+            return Next::Forced;
+        }
+        match q.pop_front() {
+            Some(env) => Next::Message(env),
+            None => Next::Empty,
+        }
+    }
+
+    /// `RUNNING` → `SUSPENDED`, or → `SCHEDULED` if woken during the poll.
+    fn after_pending(this: Arc<Self>, cx: &WorkerCx<'_>) {
+        if this.dispatcher.shared.is_forced() {
+            // SAFETY: we still own the turn.
+            unsafe { this.cancel_current() };
+            this.state.store(CLOSED, Release);
+            return;
+        }
+        match this.transition_to_idle() {
+            AfterPending::Requeued => cx.shared.schedule_local(cx.index, Task::new(this)),
+            AfterPending::Suspended => {
+                // A force stop that began before we suspended may have found
+                // us RUNNING and left us to cancel ourselves.
+                if this.dispatcher.shared.is_forced()
+                    && this
+                        .state
+                        .compare_exchange(SUSPENDED, CLOSED, AcqRel, Acquire)
+                        .is_ok()
+                {
+                    // SAFETY: the CAS made us the owner again.
+                    unsafe { this.cancel_current() };
+                }
+            }
+        }
+    }
+
+    fn transition_to_idle(&self) -> AfterPending {
+        let mut cur = self.state.load(Acquire);
+        loop {
+            debug_assert_eq!(cur & STATE_MASK, RUNNING);
+            let (next, res) = if cur & NOTIFIED != 0 {
+                (SCHEDULED, AfterPending::Requeued)
+            } else {
+                (SUSPENDED, AfterPending::Suspended)
+            };
+            match self.state.compare_exchange(cur, next, AcqRel, Acquire) {
+                Ok(_) => return res,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Leaves the mailbox's turn because it is idle: under the shard lock,
+    /// if the queue is still empty, removes it from the map and closes it.
+    /// Returns false if a message arrived meanwhile (keep running).
+    fn try_retire(this: &Arc<Self>) -> bool {
+        match this.dispatcher.retire(this, this.hash) {
+            Retire::Retired => {
+                this.dispatcher.shared.on_mailbox_retired();
+                true
+            }
+            Retire::Busy => false,
+        }
+    }
+
+    /// Under the shard lock: closes the mailbox if its queue is empty.
+    pub(crate) fn close_if_empty(&self) -> bool {
+        if !self.queue.lock().is_empty() {
+            return false;
+        }
+        self.state.store(CLOSED, Release);
+        true
+    }
+
+    /// The wake transition. Returns true if the caller moved the mailbox
+    /// `SUSPENDED` → `SCHEDULED` and must push it on its worker's queue.
+    fn transition_wake(&self) -> bool {
+        let mut cur = self.state.load(Acquire);
+        loop {
+            let next = match cur & STATE_MASK {
+                SUSPENDED => SCHEDULED,
+                CLOSED => return false,
+                _ => cur | NOTIFIED,
+            };
+            match self.state.compare_exchange(cur, next, AcqRel, Acquire) {
+                Ok(_) => return cur & STATE_MASK == SUSPENDED,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+/// The outcome of [`DispatcherInner::retire`].
+#[must_use]
+pub(crate) enum Retire {
+    /// Removed from the map and closed.
+    Retired,
+    /// A message arrived: the runner keeps the turn.
+    Busy,
+}
+
+impl<K, M, H, S> Runnable for Mailbox<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: std::hash::BuildHasher + Send + Sync + 'static,
+{
+    fn run(this: Arc<Self>, cx: &WorkerCx<'_>) {
+        debug_assert_eq!(cx.index, this.worker, "a mailbox ran off its worker");
+        let prev = this.state.swap(RUNNING, AcqRel);
+        debug_assert_eq!(
+            prev & STATE_MASK,
+            SCHEDULED,
+            "ran a mailbox that was not scheduled"
+        );
+        let mut budget = this.dispatcher.shared.config.throughput;
+        if this.has_current() {
+            // SAFETY: we own the turn and a future is stored.
+            match unsafe { Self::poll_current(&this) } {
+                Step::Pending => return Self::after_pending(this, cx),
+                Step::Done => budget -= 1,
+            }
+        }
+        loop {
+            if budget == 0 {
+                // Fairness: go behind the other mailboxes of this worker.
+                this.state.store(SCHEDULED, Release);
+                cx.shared.schedule_local(cx.index, Task::new(this));
+                return;
+            }
+            match this.next() {
+                Next::Message(env) => {
+                    budget -= 1;
+                    // SAFETY: we own the turn and no future is stored.
+                    match unsafe { Self::start(&this, env) } {
+                        Step::Done => {}
+                        Step::Pending => return Self::after_pending(this, cx),
+                    }
+                }
+                Next::Empty => {
+                    if Self::try_retire(&this) {
+                        return;
+                    }
+                }
+                Next::Forced => {
+                    // The stopping thread hands back the queue; we stop here.
+                    this.state.store(CLOSED, Release);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn cancel(this: Arc<Self>) {
+        let prev = this.state.swap(CLOSED, AcqRel);
+        debug_assert_eq!(
+            prev & STATE_MASK,
+            SCHEDULED,
+            "cancelled a mailbox that was not scheduled"
+        );
+        // SAFETY: it was SCHEDULED and we popped it: the turn is ours.
+        unsafe { this.cancel_current() };
+    }
+}
+
+impl<K, M, H, S> Wake for Mailbox<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: std::hash::BuildHasher + Send + Sync + 'static,
+{
+    fn wake(this: Arc<Self>) {
+        if this.transition_wake() {
+            let worker = this.worker;
+            let shared = this.dispatcher.shared.clone();
+            shared.schedule(worker, Task::new(this));
+        }
+    }
+
+    fn wake_by_ref(this: &Arc<Self>) {
+        if this.transition_wake() {
+            this.dispatcher
+                .shared
+                .schedule(this.worker, Task::new(this.clone()));
+        }
+    }
+}
+
+/// A mailbox as an entry of its dispatcher's map: hashed and compared by key,
+/// so the map stores the key once (inside the mailbox).
+pub(crate) struct MailboxRef<K, M, H: Handler<K, M>, S>(pub(crate) Arc<Mailbox<K, M, H, S>>);
+
+impl<K: Hash, M, H: Handler<K, M>, S> Hash for MailboxRef<K, M, H, S> {
+    fn hash<Hs: Hasher>(&self, state: &mut Hs) {
+        self.0.key.hash(state);
+    }
+}
+
+impl<K: PartialEq, M, H: Handler<K, M>, S> PartialEq for MailboxRef<K, M, H, S> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl<K: Eq, M, H: Handler<K, M>, S> Eq for MailboxRef<K, M, H, S> {}
+
+impl<K, M, H: Handler<K, M>, S> std::borrow::Borrow<K> for MailboxRef<K, M, H, S> {
+    fn borrow(&self) -> &K {
+        &self.0.key
+    }
+}

@@ -1,0 +1,56 @@
+//! Snapshots of the executor's counters, for tests and users' metrics.
+
+/// What a worker was doing when the snapshot was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Running mailboxes (or about to look for one).
+    Running,
+    /// Out of work, spinning before it parks.
+    Spinning,
+    /// Asleep until work arrives.
+    Parked,
+    /// Stopped.
+    Exited,
+}
+
+/// One worker's counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerStats {
+    /// What it was doing.
+    pub state: WorkerState,
+    /// Mailboxes waiting in its queue.
+    pub queued_mailboxes: usize,
+    /// Messages it finished with an output.
+    pub done: u64,
+    /// Messages whose handler panicked.
+    pub panicked: u64,
+    /// Suspended futures of its mailboxes dropped by a force stop.
+    pub cancelled: u64,
+    /// Times it parked.
+    pub parks: u64,
+    /// Times someone woke it from a park.
+    pub unparks: u64,
+    /// Spins that found work before parking.
+    pub spin_hits: u64,
+}
+
+/// A snapshot of a [`KeyedExecutor`](crate::KeyedExecutor).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExecutorStats {
+    /// Per worker.
+    pub workers: Vec<WorkerStats>,
+    /// Keys with a live mailbox, over every dispatcher.
+    pub live_mailboxes: usize,
+    /// Messages finished with an output.
+    pub done: u64,
+    /// Messages whose handler panicked.
+    pub panicked: u64,
+    /// Queued messages handed back by a force stop.
+    pub rejected: u64,
+    /// Suspended futures dropped by a force stop.
+    pub cancelled: u64,
+    /// Whether a stop began.
+    pub closed: bool,
+}
