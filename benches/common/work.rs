@@ -17,7 +17,8 @@ pub struct Msg {
 }
 
 /// The same busy loop for every design; `iters` comes from [`iters_for`].
-#[inline]
+/// Never inlined, so the calibration times the very code the handlers run.
+#[inline(never)]
 pub fn spin_work(iters: u64) -> u64 {
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
     for _ in 0..iters {

@@ -36,6 +36,8 @@ pub struct Sizes {
     pub rounds: usize,
     /// W5: keys, one message each.
     pub mem_keys: usize,
+    /// W6: keys (few, so the queued messages, not the per-key state, dominate).
+    pub overload_keys: usize,
     /// W6: messages.
     pub overload_msgs: usize,
     /// W6: handler CPU work (ns).
@@ -61,6 +63,7 @@ impl Sizes {
             io_delay: Duration::from_micros(100),
             rounds: 100_000,
             mem_keys: 1_000_000,
+            overload_keys: 100,
             overload_msgs: 100_000,
             overload_work_ns: 2_000,
             idle_msgs: 1_000,
@@ -79,6 +82,7 @@ impl Sizes {
             io_msgs_blocking: 200,
             rounds: 1_000,
             mem_keys: 10_000,
+            overload_keys: 10,
             overload_msgs: 2_000,
             idle_msgs: 30,
             timeout: Duration::from_secs(30),
@@ -104,6 +108,7 @@ impl Sizes {
             io_msgs_blocking: s(self.io_msgs_blocking),
             rounds: s(self.rounds),
             mem_keys: s(self.mem_keys),
+            overload_keys: s(self.overload_keys),
             overload_msgs: s(self.overload_msgs),
             idle_msgs: s(self.idle_msgs),
             ..self
@@ -206,7 +211,7 @@ impl Workload {
             ),
             Workload::W6 => format!(
                 "W6 overload: {} keys, {} msgs, {} ns handler, producer paced at 2× and 10× the handlers' total rate",
-                s.keys, s.overload_msgs, s.overload_work_ns
+                s.overload_keys, s.overload_msgs, s.overload_work_ns
             ),
             Workload::W8 => format!(
                 "W8 idle: one message every {:?}, {} msgs; CPU of the design's threads (the producer's own excluded)",
@@ -590,7 +595,7 @@ fn memory<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
 /// One W6 run with the producer paced at `factor` × the handlers' total rate;
 /// returns the peak bytes and the run's time.
 fn overload_at<F: Family>(cfg: &Cfg, s: &Sizes, factor: u64) -> Result<(isize, Duration), String> {
-    let sched = Schedule::round_robin(s.overload_msgs, s.keys);
+    let sched = Schedule::round_robin(s.overload_msgs, s.overload_keys);
     let checker = Arc::new(sched.checker());
     let iters = iters_for(s.overload_work_ns);
     alloc::start();
