@@ -1,0 +1,20 @@
+//! The comparison harness shared by `benches/compare.rs`: the peers, the
+//! crate's adapter, the workloads and the reports. Layout:
+//!
+//! - [`design`]: the `Handler` / `Design` / `Family` traits every design plugs into;
+//! - [`peers`]: `inline`, `striped`, `tokio-actors`, `smol-actors`;
+//! - [`keyed`]: the crate under test;
+//! - [`work`]: the message, calibrated CPU work, per-key sequence checker;
+//! - [`device`]: W3's simulated ~100 µs device;
+//! - [`alloc`]: the counting global allocator (W5, W6);
+//! - [`workloads`]: W1–W8 and the list of designs;
+//! - [`report`]: `--table` and `--smoke`.
+
+pub mod alloc;
+pub mod design;
+pub mod device;
+pub mod keyed;
+pub mod peers;
+pub mod report;
+pub mod work;
+pub mod workloads;

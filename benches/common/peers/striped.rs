@@ -1,0 +1,94 @@
+//! `striped`: N threads, each draining its own unbounded crossbeam channel;
+//! a key always goes to the thread `stripe(key)` picks, so its messages run
+//! in order on that thread (the ordered executor of Apache BookKeeper and
+//! Hazelcast). Async handlers block their thread until the future is done.
+
+use super::stripe;
+use crate::common::design::{Cfg, Design, Family, Handler, SendTo};
+use crate::common::work::Msg;
+use crossbeam_channel::{unbounded, Sender};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// See the module docs.
+pub struct StripedFamily;
+
+impl Family for StripedFamily {
+    type D<H: Handler> = Striped<H>;
+    const BLOCKS_ON_IO: bool = true;
+}
+
+enum Cmd {
+    Run(u64, Msg),
+    Stop,
+}
+
+/// The striped design.
+pub struct Striped<H> {
+    txs: Arc<[Sender<Cmd>]>,
+    threads: Vec<JoinHandle<()>>,
+    _handler: PhantomData<fn(H)>,
+}
+
+/// Its sender: hash the key, push to that thread's channel.
+#[derive(Clone)]
+pub struct StripedSender(Arc<[Sender<Cmd>]>);
+
+impl SendTo for StripedSender {
+    #[inline]
+    fn send(&self, key: u64, msg: Msg) {
+        let tx = &self.0[stripe(key, self.0.len())];
+        if tx.send(Cmd::Run(key, msg)).is_err() {
+            panic!("striped: sent after finish");
+        }
+    }
+}
+
+impl<H: Handler> Design<H> for Striped<H> {
+    type Sender = StripedSender;
+
+    fn start(cfg: &Cfg, handler: H) -> Self {
+        let handler = Arc::new(handler);
+        let mut txs = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..cfg.workers {
+            let (tx, rx) = unbounded::<Cmd>();
+            let h = handler.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("striped-{i}"))
+                    .spawn(move || {
+                        for cmd in rx {
+                            match cmd {
+                                Cmd::Run(k, m) => h.call_blocking(k, m),
+                                Cmd::Stop => break,
+                            }
+                        }
+                    })
+                    .expect("spawn"),
+            );
+            txs.push(tx);
+        }
+        Striped {
+            txs: txs.into(),
+            threads,
+            _handler: PhantomData,
+        }
+    }
+
+    fn sender(&self) -> StripedSender {
+        StripedSender(self.txs.clone())
+    }
+
+    fn finish(self) {
+        // An explicit stop: a handler may hold a sender (W4), so waiting for
+        // every sender to drop could wait forever.
+        for tx in self.txs.iter() {
+            let _ = tx.send(Cmd::Stop);
+        }
+        for t in self.threads {
+            t.join().expect("striped worker panicked");
+        }
+    }
+}

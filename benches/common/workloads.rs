@@ -1,0 +1,683 @@
+//! The workloads, each generic over the design ([`Family`]), and the list of
+//! designs a run compares.
+
+use super::alloc;
+use super::design::{Cfg, CpuHandler, Design, Family, Handler, IoHandler, PingHandler, SendTo};
+use super::device::{Device, DeviceHandle};
+use super::peers::inline::InlineFamily;
+use super::peers::smol_actors::SmolFamily;
+use super::peers::stripe;
+use super::peers::striped::StripedFamily;
+use super::peers::tokio_actors::TokioFamily;
+use super::work::{iters_for, Checker, Gate, Msg, Schedule};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Sizes of every workload; [`Sizes::full`] is the issue's.
+#[derive(Clone, Debug)]
+pub struct Sizes {
+    /// W1, W2, W6: keys.
+    pub keys: usize,
+    /// W1, W2: messages.
+    pub msgs: usize,
+    /// Handler CPU work in W1, W2 (ns).
+    pub work_ns: u64,
+    /// W3: keys.
+    pub io_keys: usize,
+    /// W3: messages for the async designs.
+    pub io_msgs: usize,
+    /// W3: messages for the designs that block a thread per I/O (inline,
+    /// striped): at 100 µs each they would take seconds at the full count.
+    pub io_msgs_blocking: usize,
+    /// W3: the device's delay.
+    pub io_delay: Duration,
+    /// W4: round trips.
+    pub rounds: usize,
+    /// W5: keys, one message each.
+    pub mem_keys: usize,
+    /// W6: keys (few, so the queued messages, not the per-key state, dominate).
+    pub overload_keys: usize,
+    /// W6: messages.
+    pub overload_msgs: usize,
+    /// W6: handler CPU work (ns).
+    pub overload_work_ns: u64,
+    /// W8: messages, one per `idle_interval`.
+    pub idle_msgs: usize,
+    /// W8: the producer's interval.
+    pub idle_interval: Duration,
+    /// How long a run may take before its missing messages count as lost.
+    pub timeout: Duration,
+}
+
+impl Sizes {
+    /// The issue's sizes.
+    pub fn full() -> Self {
+        Sizes {
+            keys: 10_000,
+            msgs: 2_000_000,
+            work_ns: 50,
+            io_keys: 10_000,
+            io_msgs: 200_000,
+            io_msgs_blocking: 4_000,
+            io_delay: Duration::from_micros(100),
+            rounds: 100_000,
+            mem_keys: 1_000_000,
+            overload_keys: 100,
+            overload_msgs: 100_000,
+            overload_work_ns: 2_000,
+            idle_msgs: 1_000,
+            idle_interval: Duration::from_millis(1),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// CI's smoke size: every workload and design in a few seconds.
+    pub fn smoke() -> Self {
+        Sizes {
+            keys: 100,
+            msgs: 20_000,
+            io_keys: 100,
+            io_msgs: 2_000,
+            io_msgs_blocking: 200,
+            rounds: 1_000,
+            mem_keys: 10_000,
+            overload_keys: 10,
+            overload_msgs: 2_000,
+            idle_msgs: 30,
+            timeout: Duration::from_secs(30),
+            ..Self::full()
+        }
+    }
+
+    /// `KEYED_BENCH_SCALE` (a factor, default 1) applied to every count.
+    pub fn scaled_from_env(self) -> Self {
+        let f: f64 = std::env::var("KEYED_BENCH_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1.0);
+        if f == 1.0 {
+            return self;
+        }
+        let s = |n: usize| ((n as f64 * f).round() as usize).max(2);
+        Sizes {
+            keys: s(self.keys),
+            msgs: s(self.msgs),
+            io_keys: s(self.io_keys),
+            io_msgs: s(self.io_msgs),
+            io_msgs_blocking: s(self.io_msgs_blocking),
+            rounds: s(self.rounds),
+            mem_keys: s(self.mem_keys),
+            overload_keys: s(self.overload_keys),
+            overload_msgs: s(self.overload_msgs),
+            idle_msgs: s(self.idle_msgs),
+            ..self
+        }
+    }
+}
+
+/// A workload of the issue (W7 is not part of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Uniform keys, CPU handler.
+    W1,
+    /// Half the messages to one key.
+    W2,
+    /// Handler awaits a ~100 µs device.
+    W3,
+    /// Two keys sending to each other.
+    W4,
+    /// One message to each of many keys: bytes per key.
+    W5,
+    /// Producer 10× faster than the handlers: peak memory.
+    W6,
+    /// One message per ms: CPU used.
+    W8,
+}
+
+/// One column of a workload's table.
+#[derive(Clone, Copy, Debug)]
+pub struct Metric {
+    /// Column header, with its unit.
+    pub name: &'static str,
+    /// Which way is better.
+    pub higher_is_better: bool,
+}
+
+const fn m(name: &'static str, higher_is_better: bool) -> Metric {
+    Metric {
+        name,
+        higher_is_better,
+    }
+}
+
+impl Workload {
+    /// Every workload, in table order.
+    pub const ALL: [Workload; 7] = [
+        Workload::W1,
+        Workload::W2,
+        Workload::W3,
+        Workload::W4,
+        Workload::W5,
+        Workload::W6,
+        Workload::W8,
+    ];
+
+    /// `w1` … `w8`.
+    pub fn id(self) -> &'static str {
+        match self {
+            Workload::W1 => "w1",
+            Workload::W2 => "w2",
+            Workload::W3 => "w3",
+            Workload::W4 => "w4",
+            Workload::W5 => "w5",
+            Workload::W6 => "w6",
+            Workload::W8 => "w8",
+        }
+    }
+
+    /// The criterion group's name.
+    pub fn group(self) -> &'static str {
+        match self {
+            Workload::W1 => "w1_uniform",
+            Workload::W2 => "w2_hot_key",
+            Workload::W3 => "w3_async_io",
+            Workload::W4 => "w4_ping_pong",
+            Workload::W5 => "w5_memory",
+            Workload::W6 => "w6_overload",
+            Workload::W8 => "w8_idle",
+        }
+    }
+
+    /// A heading that states the sizes.
+    pub fn title(self, s: &Sizes) -> String {
+        match self {
+            Workload::W1 => format!(
+                "W1 uniform: {} keys, {} msgs round-robin, {} ns handler",
+                s.keys, s.msgs, s.work_ns
+            ),
+            Workload::W2 => format!(
+                "W2 hot key: {} keys, {} msgs, every other one to key 0, {} ns handler",
+                s.keys, s.msgs, s.work_ns
+            ),
+            Workload::W3 => format!(
+                "W3 async I/O: {} keys, {} msgs ({} for the thread-blocking designs), handler awaits a {:?} device",
+                s.io_keys, s.io_msgs, s.io_msgs_blocking, s.io_delay
+            ),
+            Workload::W4 => format!("W4 ping-pong: 2 keys, {} round trips", s.rounds),
+            Workload::W5 => format!(
+                "W5 memory: {} keys, one message each (bytes requested from the allocator)",
+                s.mem_keys
+            ),
+            Workload::W6 => format!(
+                "W6 overload: {} keys, {} msgs, {} ns handler, producer paced at 2× and 10× the handlers' total rate",
+                s.overload_keys, s.overload_msgs, s.overload_work_ns
+            ),
+            Workload::W8 => format!(
+                "W8 idle: one message every {:?}, {} msgs; CPU of the design's threads (the producer's own excluded)",
+                s.idle_interval, s.idle_msgs
+            ),
+        }
+    }
+
+    /// Its columns.
+    pub fn metrics(self) -> &'static [Metric] {
+        const RATE: &[Metric] = &[m("M msg/s", true)];
+        const RTT: &[Metric] = &[m("µs per round trip", false)];
+        const MEM: &[Metric] = &[
+            m("B/key while queued", false),
+            m("B/key after completion", false),
+            m("peak B/key", false),
+        ];
+        const OVERLOAD: &[Metric] = &[m("peak KiB @2×", false), m("peak KiB @10×", false)];
+        const CPU: &[Metric] = &[m("CPU % of a core", false), m("CPU µs per msg", false)];
+        match self {
+            Workload::W1 | Workload::W2 | Workload::W3 => RATE,
+            Workload::W4 => RTT,
+            Workload::W5 => MEM,
+            Workload::W6 => OVERLOAD,
+            Workload::W8 => CPU,
+        }
+    }
+
+    /// Elements per run, for criterion's throughput (messages or round trips).
+    pub fn elements(self, s: &Sizes, blocking: bool) -> u64 {
+        (match self {
+            Workload::W1 | Workload::W2 => s.msgs,
+            Workload::W3 if blocking => s.io_msgs_blocking,
+            Workload::W3 => s.io_msgs,
+            Workload::W4 => s.rounds,
+            Workload::W5 => s.mem_keys,
+            Workload::W6 => s.overload_msgs,
+            Workload::W8 => s.idle_msgs,
+        }) as u64
+    }
+
+    /// keyed-executor's `max_in_flight` for this workload
+    /// (`KEYED_BENCH_CREDIT` overrides it for W1–W3).
+    pub fn credit(self, s: &Sizes) -> usize {
+        match self {
+            Workload::W1 | Workload::W2 | Workload::W3 => std::env::var("KEYED_BENCH_CREDIT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4096),
+            Workload::W4 => 16,
+            // Every key's message stays queued while memory is read.
+            Workload::W5 => s.mem_keys + 1,
+            // The crate's default: W6 shows that credit bounds memory.
+            Workload::W6 | Workload::W8 => 256,
+        }
+    }
+}
+
+/// The designs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Producer calls the handler.
+    Inline,
+    /// Thread per stripe, crossbeam channels.
+    Striped,
+    /// Task per key on tokio.
+    Tokio,
+    /// Task per key on async-executor.
+    Smol,
+    /// The crate.
+    Keyed,
+}
+
+/// A design with its settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Spec {
+    /// Which design.
+    pub kind: Kind,
+    /// keyed-executor's spin.
+    pub spin: Duration,
+}
+
+impl Spec {
+    const fn of(kind: Kind) -> Self {
+        Spec {
+            kind,
+            spin: Duration::ZERO,
+        }
+    }
+
+    /// Its row label.
+    pub fn name(&self) -> String {
+        let base = match self.kind {
+            Kind::Inline => "inline",
+            Kind::Striped => "striped",
+            Kind::Tokio => "tokio-actors",
+            Kind::Smol => "smol-actors",
+            Kind::Keyed => "keyed-executor",
+        };
+        if self.spin.is_zero() {
+            base.to_string()
+        } else {
+            format!("{base} (spin {:?})", self.spin)
+        }
+    }
+
+    /// One of the crate's rows.
+    pub fn is_crate(&self) -> bool {
+        self.kind == Kind::Keyed
+    }
+
+    /// Blocks a thread per awaited I/O (runs W3's smaller count).
+    pub fn blocks_on_io(&self) -> bool {
+        matches!(self.kind, Kind::Inline | Kind::Striped)
+    }
+}
+
+/// The designs compared on a workload, filtered by `KEYED_BENCH_DESIGNS`
+/// (comma-separated substrings of the row labels).
+pub fn designs(w: Workload) -> Vec<Spec> {
+    #[allow(unused_mut)]
+    let mut all = vec![
+        Spec::of(Kind::Inline),
+        Spec::of(Kind::Striped),
+        Spec::of(Kind::Tokio),
+        Spec::of(Kind::Smol),
+    ];
+    {
+        all.push(Spec::of(Kind::Keyed));
+        if w == Workload::W8 {
+            all.push(Spec {
+                kind: Kind::Keyed,
+                spin: Duration::from_micros(50),
+            });
+        }
+    }
+    let _ = w;
+    match std::env::var("KEYED_BENCH_DESIGNS") {
+        Ok(filter) if !filter.is_empty() => all
+            .into_iter()
+            .filter(|s| filter.split(',').any(|f| s.name().contains(f.trim())))
+            .collect(),
+        _ => all,
+    }
+}
+
+/// Handler threads of every design: `KEYED_BENCH_WORKERS`, default 2.
+pub fn workers() -> usize {
+    std::env::var("KEYED_BENCH_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(2)
+}
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The timed part (criterion's measurement).
+    pub elapsed: Duration,
+    /// One value per [`Workload::metrics`] column.
+    pub values: Vec<f64>,
+}
+
+/// Runs workload `w` once on design `spec`; `Err` if any message was
+/// reordered, overlapped, duplicated or lost.
+pub fn run(spec: Spec, w: Workload, sizes: &Sizes) -> Result<Outcome, String> {
+    let cfg = Cfg {
+        workers: workers(),
+        spin: spec.spin,
+        credit: w.credit(sizes),
+    };
+    match spec.kind {
+        Kind::Inline => run_on::<InlineFamily>(w, &cfg, sizes),
+        Kind::Striped => run_on::<StripedFamily>(w, &cfg, sizes),
+        Kind::Tokio => run_on::<TokioFamily>(w, &cfg, sizes),
+        Kind::Smol => run_on::<SmolFamily>(w, &cfg, sizes),
+        Kind::Keyed => run_on::<super::keyed::KeyedFamily>(w, &cfg, sizes),
+    }
+}
+
+fn run_on<F: Family>(w: Workload, cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
+    match w {
+        Workload::W1 => throughput::<F>(cfg, s, &Schedule::round_robin(s.msgs, s.keys)),
+        Workload::W2 => throughput::<F>(cfg, s, &Schedule::hot_key(s.msgs, s.keys)),
+        Workload::W3 => async_io::<F>(cfg, s),
+        Workload::W4 => ping_pong::<F>(cfg, s),
+        Workload::W5 => memory::<F>(cfg, s),
+        Workload::W6 => overload::<F>(cfg, s),
+        Workload::W8 => idle::<F>(cfg, s),
+    }
+}
+
+fn start<F: Family, H: Handler>(cfg: &Cfg, h: H) -> F::D<H> {
+    <F::D<H> as Design<H>>::start(cfg, h)
+}
+
+/// Waits for the last messages, stops the design, recounts.
+fn settle<H: Handler, D: Design<H>>(
+    d: D,
+    checker: &Checker,
+    total: usize,
+    timeout: Duration,
+) -> Result<Duration, String> {
+    let t = Instant::now();
+    if !checker.wait(timeout) {
+        // A stuck design might never stop: leave its threads behind.
+        std::mem::forget(d);
+        return Err(format!(
+            "timed out after {timeout:?}: {} keys never finished their last message (lost or stuck)",
+            checker.remaining()
+        ));
+    }
+    let waited = t.elapsed();
+    d.finish();
+    checker.verify(total as u64)?;
+    Ok(waited)
+}
+
+fn send_all<S: SendTo>(s: &S, sched: &Schedule) {
+    for &(k, m) in &sched.msgs {
+        s.send(k, m);
+    }
+}
+
+fn throughput<F: Family>(cfg: &Cfg, s: &Sizes, sched: &Schedule) -> Result<Outcome, String> {
+    let checker = Arc::new(sched.checker());
+    let handler = CpuHandler {
+        checker: checker.clone(),
+        iters: iters_for(s.work_ns),
+        gate: None,
+    };
+    let d = start::<F, _>(cfg, handler);
+    let sender = d.sender();
+    let t = Instant::now();
+    send_all(&sender, sched);
+    let sent = t.elapsed();
+    drop(sender);
+    let elapsed = sent + settle(d, &checker, sched.msgs.len(), s.timeout)?;
+    Ok(Outcome {
+        elapsed,
+        values: vec![sched.msgs.len() as f64 / elapsed.as_secs_f64() / 1e6],
+    })
+}
+
+/// The process's device thread, and a checker leaked once per size and
+/// reused (W3's futures borrow both for `'static`, see [`IoHandler`]).
+fn io_fixtures(keys: usize, active: usize) -> (&'static DeviceHandle, &'static Checker) {
+    static DEVICE: OnceLock<(Device, DeviceHandle)> = OnceLock::new();
+    static CHECKERS: Mutex<Vec<&'static Checker>> = Mutex::new(Vec::new());
+    let (_, handle) = DEVICE.get_or_init(|| {
+        let d = Device::start(Sizes::full().io_delay);
+        let h = d.handle();
+        (d, h)
+    });
+    let mut checkers = CHECKERS.lock().unwrap();
+    let checker = match checkers.iter().find(|c| c.keys() == keys) {
+        Some(c) => *c,
+        None => {
+            let c: &'static Checker = Box::leak(Box::new(Checker::new(keys, active)));
+            checkers.push(c);
+            c
+        }
+    };
+    checker.reset(active);
+    (handle, checker)
+}
+
+fn async_io<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
+    let n = if F::BLOCKS_ON_IO {
+        s.io_msgs_blocking
+    } else {
+        s.io_msgs
+    };
+    let sched = Schedule::round_robin(n, s.io_keys);
+    let (device, checker) = io_fixtures(sched.keys, sched.active_keys);
+    let d = start::<F, _>(cfg, IoHandler { checker, device });
+    let sender = d.sender();
+    let t = Instant::now();
+    send_all(&sender, &sched);
+    let sent = t.elapsed();
+    drop(sender);
+    let elapsed = sent + settle(d, checker, n, s.timeout)?;
+    Ok(Outcome {
+        elapsed,
+        values: vec![n as f64 / elapsed.as_secs_f64() / 1e6],
+    })
+}
+
+fn ping_pong<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
+    // Two keys the striped design puts on different threads, so it hands off.
+    let a = 0;
+    let b = if cfg.workers < 2 {
+        1
+    } else {
+        (1..)
+            .find(|&k| stripe(k, cfg.workers) != stripe(a, cfg.workers))
+            .unwrap()
+    };
+    let rounds = s.rounds as u32;
+    let checker = Arc::new(Checker::new(b as usize + 1, 2));
+    let send = Arc::new(OnceLock::new());
+    let handler = PingHandler {
+        checker: checker.clone(),
+        a,
+        b,
+        rounds,
+        send: send.clone(),
+    };
+    let d = start::<F, _>(cfg, handler);
+    let inner = d.sender();
+    let _ = send.set(Box::new(move |k, m| inner.send(k, m)) as Box<dyn Fn(u64, Msg) + Send + Sync>);
+    let sender = d.sender();
+    let t = Instant::now();
+    sender.send(
+        a,
+        Msg {
+            seq: 0,
+            last: rounds == 0,
+        },
+    );
+    drop(sender);
+    let elapsed = t.elapsed() + settle(d, &checker, 2 * s.rounds + 1, s.timeout)?;
+    Ok(Outcome {
+        elapsed,
+        values: vec![elapsed.as_secs_f64() * 1e6 / s.rounds as f64],
+    })
+}
+
+fn memory<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
+    let sched = Schedule::round_robin(s.mem_keys, s.mem_keys);
+    let checker = Arc::new(sched.checker());
+    // `inline` runs the handler on the producer's thread: nothing can wait.
+    let gate = (!F::SAME_THREAD).then(|| Arc::new(Gate::default()));
+    alloc::start();
+    let handler = CpuHandler {
+        checker: checker.clone(),
+        iters: 0,
+        gate: gate.clone(),
+    };
+    let d = start::<F, _>(cfg, handler);
+    let sender = d.sender();
+    let base = alloc::net();
+    let t = Instant::now();
+    send_all(&sender, &sched);
+    let queued = alloc::net() - base;
+    if let Some(g) = &gate {
+        g.open();
+    }
+    let ok = checker.wait(s.timeout);
+    let elapsed = t.elapsed();
+    // Let the design drop what it drops after the last message (idle mailboxes).
+    thread::sleep(Duration::from_millis(50));
+    let after = alloc::net() - base;
+    let peak = alloc::peak() - base;
+    alloc::stop();
+    drop(sender);
+    if ok {
+        settle(d, &checker, s.mem_keys, s.timeout)?;
+    } else {
+        settle(d, &checker, s.mem_keys, Duration::ZERO)?;
+    }
+    let per_key = |b: isize| b as f64 / s.mem_keys as f64;
+    Ok(Outcome {
+        elapsed,
+        values: vec![per_key(queued), per_key(after), per_key(peak)],
+    })
+}
+
+/// One W6 run with the producer paced at `factor` × the handlers' total rate;
+/// returns the peak bytes and the run's time.
+fn overload_at<F: Family>(cfg: &Cfg, s: &Sizes, factor: u64) -> Result<(isize, Duration), String> {
+    let sched = Schedule::round_robin(s.overload_msgs, s.overload_keys);
+    let checker = Arc::new(sched.checker());
+    let iters = iters_for(s.overload_work_ns);
+    alloc::start();
+    let handler = CpuHandler {
+        checker: checker.clone(),
+        iters,
+        gate: None,
+    };
+    let d = start::<F, _>(cfg, handler);
+    let sender = d.sender();
+    let base = alloc::net();
+    let interval_ns = s.overload_work_ns as f64 / (factor as f64 * cfg.workers as f64);
+    let t = Instant::now();
+    for (i, &(k, m)) in sched.msgs.iter().enumerate() {
+        let due = Duration::from_nanos((i as f64 * interval_ns) as u64);
+        while t.elapsed() < due {
+            std::hint::spin_loop();
+        }
+        sender.send(k, m);
+    }
+    drop(sender);
+    let ok = checker.wait(s.timeout);
+    let elapsed = t.elapsed();
+    let peak = alloc::peak() - base;
+    alloc::stop();
+    settle(
+        d,
+        &checker,
+        s.overload_msgs,
+        if ok { s.timeout } else { Duration::ZERO },
+    )?;
+    Ok((peak, elapsed))
+}
+
+fn overload<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
+    let (peak2, t2) = overload_at::<F>(cfg, s, 2)?;
+    let (peak10, t10) = overload_at::<F>(cfg, s, 10)?;
+    Ok(Outcome {
+        elapsed: t2 + t10,
+        values: vec![peak2 as f64 / 1024.0, peak10 as f64 / 1024.0],
+    })
+}
+
+fn cpu_time(clock: libc::clockid_t) -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock ids used are
+    // the process and thread CPU clocks, which always exist on Linux.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn idle<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
+    let sched = Schedule::round_robin(s.idle_msgs, 16.min(s.idle_msgs));
+    let checker = Arc::new(sched.checker());
+    let handler = CpuHandler {
+        checker: checker.clone(),
+        iters: 0,
+        gate: None,
+    };
+    let d = start::<F, _>(cfg, handler);
+    let sender = d.sender();
+    thread::sleep(Duration::from_millis(50));
+    let process0 = cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID);
+    let own0 = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
+    let t = Instant::now();
+    for (i, &(k, m)) in sched.msgs.iter().enumerate() {
+        let due = s.idle_interval * i as u32;
+        let now = t.elapsed();
+        if due > now {
+            thread::sleep(due - now);
+        }
+        sender.send(k, m);
+    }
+    let ok = checker.wait(s.timeout);
+    let wall = t.elapsed();
+    let own = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID) - own0;
+    let cpu = (cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID) - process0).saturating_sub(own);
+    drop(sender);
+    settle(
+        d,
+        &checker,
+        s.idle_msgs,
+        if ok { s.timeout } else { Duration::ZERO },
+    )?;
+    Ok(Outcome {
+        elapsed: wall,
+        values: vec![
+            cpu.as_secs_f64() / wall.as_secs_f64() * 100.0,
+            cpu.as_secs_f64() * 1e6 / s.idle_msgs as f64,
+        ],
+    })
+}

@@ -1,0 +1,68 @@
+//! keyed-executor against the designs users would pick instead (issue 5).
+//!
+//! ```text
+//! cargo bench --bench compare -- --table     # the whole comparison table (< 2 min on 2 cores)
+//! cargo bench --bench compare -- --smoke     # tiny sizes, sequence checks only (CI)
+//! cargo test  --release --bench compare      # the same smoke run (no `--bench` argument)
+//! cargo bench --bench compare                # criterion groups w1_uniform … w4_ping_pong
+//! cargo bench --bench compare -- w1_uniform  # one criterion group
+//! ```
+//!
+//! Environment: `KEYED_BENCH_SCALE` (size factor), `KEYED_BENCH_RUNS`
+//! (table runs, default 3), `KEYED_BENCH_WORKERS` (default 2),
+//! `KEYED_BENCH_ONLY` (`w1,w4`), `KEYED_BENCH_DESIGNS` (`tokio,striped`),
+//! `KEYED_BENCH_CREDIT` (the crate's `max_in_flight` in W1–W3).
+
+mod common;
+
+use common::workloads::{designs, run, Sizes, Workload};
+use criterion::{Criterion, SamplingMode, Throughput};
+use std::time::Duration;
+
+#[global_allocator]
+static ALLOC: common::alloc::CountingAlloc = common::alloc::CountingAlloc;
+
+/// Criterion measures time, so it gets the timed workloads; memory (W5, W6)
+/// and CPU (W8) are in the `--table` run only.
+fn criterion_groups(c: &mut Criterion) {
+    let sizes = Sizes::full().scaled_from_env();
+    for w in [Workload::W1, Workload::W2, Workload::W3, Workload::W4] {
+        let mut group = c.benchmark_group(w.group());
+        group
+            .sampling_mode(SamplingMode::Flat)
+            .sample_size(10)
+            .warm_up_time(Duration::from_secs(1))
+            .measurement_time(Duration::from_secs(4));
+        for spec in designs(w) {
+            group.throughput(Throughput::Elements(
+                w.elements(&sizes, spec.blocks_on_io()),
+            ));
+            group.bench_function(spec.name(), |b| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| match run(spec, w, &sizes) {
+                            Ok(o) => o.elapsed,
+                            Err(e) => panic!("{} {}: {e}", w.id(), spec.name()),
+                        })
+                        .sum()
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    if has("--table") {
+        std::process::exit(common::report::table(Sizes::full().scaled_from_env()));
+    }
+    // `cargo test` runs bench targets without `--bench`: treat that as CI's smoke run.
+    if has("--smoke") || !has("--bench") {
+        std::process::exit(common::report::smoke(Sizes::smoke()));
+    }
+    let mut c = Criterion::default().configure_from_args();
+    criterion_groups(&mut c);
+    c.final_summary();
+}
