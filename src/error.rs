@@ -16,7 +16,9 @@ pub enum ConfigError {
     #[error("`workers` must be at least 1, got 0: the pool needs a thread to run messages")]
     ZeroWorkers,
     /// `throughput(0)`: a turn must run at least one message.
-    #[error("`throughput` must be at least 1, got 0: a mailbox's turn must run at least one message")]
+    #[error(
+        "`throughput` must be at least 1, got 0: a mailbox's turn must run at least one message"
+    )]
     ZeroThroughput,
     /// `spin(d)` with `d` above [`MAX_SPIN`](crate::MAX_SPIN).
     #[error("`spin` of {spin:?} exceeds MAX_SPIN ({max:?}): a longer spin burns a core for no gain; use Duration::ZERO to park at once")]
@@ -30,7 +32,9 @@ pub enum ConfigError {
     #[error("`thread_name` {0:?} is invalid: thread names must not contain a NUL byte")]
     InvalidThreadName(String),
     /// A receiver with `max_in_flight` 0 could never accept a message.
-    #[error("`max_in_flight` must be at least 1, got 0: the receiver could never accept a message")]
+    #[error(
+        "`max_in_flight` must be at least 1, got 0: the receiver could never accept a message"
+    )]
     ZeroMaxInFlight,
     /// `lane_capacity(0)`: a lane must hold at least its leader's command.
     #[error("`lane_capacity` must be at least 1, got 0: a lane must hold at least one command")]

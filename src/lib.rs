@@ -7,5 +7,9 @@
 pub(crate) mod sync;
 
 pub mod error;
+pub mod lanes;
+pub mod limit;
 
 pub use error::{ConfigError, Panic, SubmitError, TaskError};
+pub use lanes::{BatchResult, Kernel, LaneError, Lanes};
+pub use limit::InFlightLimit;
