@@ -95,9 +95,6 @@ impl<K: Kernel> Future for Execute<K> {
             else {
                 unreachable!("checked above")
             };
-            if this.deadline.is_some_and(|d| this.shared.now() >= d) {
-                return Poll::Ready(Err(LaneError::Withdrawn(command)));
-            }
             match this.shared.enter(key, command, this.deadline, cx.waker()) {
                 Ok((lane, slot)) => this.state = State::Entered { lane, slot },
                 Err(e) => return Poll::Ready(Err(e)),

@@ -128,7 +128,12 @@ pub struct TestKernel {
     again_seen: Mutex<HashSet<u64>>,
     /// Yield once inside every batch (exercises the Pending paths).
     pub yield_inside: AtomicBool,
+    /// If set, batches log `(key, "start")` and `(key, "end")` here.
+    pub journal: Option<Journal>,
 }
+
+/// A log shared by the kernel and a test's hooks.
+pub type Journal = Arc<Mutex<Vec<(u32, &'static str)>>>;
 
 impl TestKernel {
     pub fn new() -> Self {
@@ -139,6 +144,18 @@ impl TestKernel {
         let k = Self::default();
         k.yield_inside.store(true, Ordering::SeqCst);
         k
+    }
+
+    pub fn with_journal(journal: Journal) -> Self {
+        let mut k = Self::yielding();
+        k.journal = Some(journal);
+        k
+    }
+
+    fn note(&self, key: u32, what: &'static str) {
+        if let Some(j) = &self.journal {
+            j.lock().unwrap().push((key, what));
+        }
     }
 
     pub fn gate(&self, n: u32) -> Arc<Gate> {
@@ -215,6 +232,7 @@ impl Kernel for TestKernel {
                 self.overlap.store(true, Ordering::SeqCst);
             }
             let _running = Running { kernel: self, key };
+            self.note(key, "start");
             for c in &commands {
                 if let Op::Block(n) = c.op {
                     let gate = self.gate(n);
@@ -251,6 +269,7 @@ impl Kernel for TestKernel {
                 outcomes.push(outcome);
             }
             again.extend(rest);
+            self.note(key, "end");
             let result = if fail_append {
                 BatchResult::failed(outcomes.len(), TestError("append failed".into()))
             } else {
