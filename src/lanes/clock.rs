@@ -11,7 +11,8 @@ use crate::sync::Arc;
 /// A monotonic clock.
 ///
 /// `now` is called outside every lock of the crate, so an implementation may
-/// take its own locks.
+/// take its own locks. It must not panic (a panic there escapes to whichever
+/// caller was reading the time, possibly mid-way through finishing a batch).
 pub trait Clock: Send + Sync + 'static {
     /// The current instant.
     fn now(&self) -> Instant;

@@ -24,7 +24,7 @@ pub enum BusyReason {
 /// | variant | did the kernel see the command? | command handed back? |
 /// |---|---|---|
 /// | [`Busy`](Self::Busy) | no | yes |
-/// | [`Withdrawn`](Self::Withdrawn) | no | yes |
+/// | [`Withdrawn`](Self::Withdrawn) | no (at most handed back undecided) | yes |
 /// | [`Closed`](Self::Closed) | no | yes |
 /// | [`Kernel`](Self::Kernel) | yes: decided and rejected, or its append failed | no |
 /// | [`Panicked`](Self::Panicked) | yes (its batch panicked) | no |
@@ -51,8 +51,9 @@ pub enum LaneError<C, E> {
         reason: BusyReason,
     },
     /// The command waited in its lane past its deadline and was taken out
-    /// before any batch took it: it never entered the kernel, so a retry runs
-    /// it afresh.
+    /// before any batch took it (or after the kernel handed it back as
+    /// `again`, undecided): the kernel never decided it, so a retry runs it
+    /// afresh.
     Withdrawn(C),
     /// The `Lanes` was closing or closed: the command was not taken.
     Closed(C),

@@ -42,6 +42,11 @@ use crate::sync::Arc;
 /// Cancellation-safe at every await point: dropping it withdraws the command
 /// if no batch took it yet, and otherwise leaves the batch to finish for the
 /// other callers (see the module docs of [`lanes`](super)).
+///
+/// Keep polling it or drop it: while it leads its lane, the lane moves only
+/// when it is polled (as with an async mutex held across an await). A
+/// future parked in a `select!` branch that is never polled again, yet not
+/// dropped, stalls its key.
 #[must_use = "futures do nothing unless polled"]
 pub struct Execute<K: Kernel> {
     shared: Arc<Shared<K>>,

@@ -29,9 +29,17 @@ use std::hash::Hash;
 /// Different keys run concurrently, so `&self` is shared.
 ///
 /// The future runs on the callers' tasks or threads (whoever is driving the
-/// lane), never on threads of the crate's own. A panic, in `execute_batch`
-/// or while its future is polled, fails the batch's commands with
-/// [`LaneError::Panicked`](super::LaneError::Panicked) and the lane goes on.
+/// lane), never on threads of the crate's own, and may be polled by
+/// different callers in turn (the driving passes on when a caller goes
+/// away), hence `Send`. Once started it is polled to its end; it is dropped
+/// early only if every handle to the `Lanes` and every caller is gone. A
+/// panic, in `execute_batch` or while its future is polled, fails the
+/// batch's commands with [`LaneError::Panicked`](super::LaneError::Panicked)
+/// and the lane goes on.
+///
+/// A kernel must not execute commands of the key it is running a batch for
+/// through the same `Lanes` and wait for them: they queue behind the running
+/// batch, which would wait for itself.
 ///
 /// ```
 /// use keyed_executor::lanes::{BatchResult, Kernel};

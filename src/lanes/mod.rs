@@ -19,7 +19,7 @@
 //! - **Order**: per key, at most one batch at a time, batches in arrival
 //!   order; `again` commands keep their place at the head.
 //! - **Bounded**: at most `lane_capacity` commands wait per lane, and the
-//!   node's [`InFlightLimit`](crate::limit::InFlightLimit) bounds all lanes
+//!   node's [`InFlightLimit`] bounds all lanes
 //!   together; past either, [`LaneError::Busy`] with a `retry_after` hint
 //!   from the observed drain rate ([formula](crate::limit#the-retry_after-formula)).
 //! - **Withdrawal**: a command whose deadline passes while it still waits
@@ -32,7 +32,9 @@
 //!   another caller's command. A batch that started always runs to its end —
 //!   its future lives in the lane, and is driven by a remaining caller of
 //!   the batch, else the next caller of the key, else [`Lanes::close`] — and
-//!   its callers get their outcomes.
+//!   its callers get their outcomes. Until one of those comes, a batch
+//!   whose callers all left waits, suspended and still counted in
+//!   [`Lanes::in_flight`]: there is no thread to run it.
 //! - **Panics**: a panic in the kernel (creating or polling its future) fails
 //!   that batch's commands with [`LaneError::Panicked`]; the lane goes on.
 //! - **Fatals and views**: [`LanesBuilder::fatal_if`] records the first
@@ -201,7 +203,9 @@ impl<K: Kernel> Lanes<K> {
     ///
     /// While polled it also drives batches whose callers all went away, so
     /// they run to their end. It needs no runtime timer: while pending it
-    /// keeps one timer thread that wakes it at the deadline.
+    /// keeps one timer thread that wakes it at the deadline. A `timeout` too
+    /// large to add to the clock's now (`Duration::MAX`) means no timeout
+    /// and no timer thread.
     pub fn close(&self, timeout: Duration) -> Close<K> {
         self.shared.accounts.close();
         let deadline = self.shared.now().checked_add(timeout);
