@@ -281,3 +281,49 @@ impl<K: Kernel> fmt::Debug for Lanes<K> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    struct Echo;
+
+    impl Kernel for Echo {
+        type Key = u8;
+        type Command = std::cell::Cell<u8>; // Send, not Sync
+        type Output = u8;
+        type Error = String;
+
+        async fn execute_batch(
+            &self,
+            _key: &u8,
+            commands: Vec<Self::Command>,
+        ) -> BatchResult<Self::Command, u8, String> {
+            BatchResult::committed(commands.into_iter().map(|c| Ok(c.get())).collect())
+        }
+    }
+
+    #[test]
+    fn handles_and_futures_cross_threads() {
+        fn send<T: Send>() {}
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Lanes<Echo>>();
+        send::<Execute<Echo>>();
+        send::<Close<Echo>>();
+        send_sync::<LaneError<u8, String>>();
+        send_sync::<NodeFatals>();
+    }
+
+    #[test]
+    fn blocking_round_trip_and_debug() {
+        let lanes = Lanes::builder(Echo).build().unwrap();
+        let out = lanes.execute_blocking(1, std::cell::Cell::new(7), Duration::from_secs(1));
+        assert_eq!(out.unwrap(), 7);
+        assert_eq!(
+            format!("{lanes:?}"),
+            "Lanes { lanes_alive: 0, in_flight: 0, closed: false, max_batch: 32, lane_capacity: 64, .. }"
+        );
+        let fut = lanes.execute(1, std::cell::Cell::new(1));
+        assert!(format!("{fut:?}").starts_with("Execute { state: \"Start\""));
+    }
+}
