@@ -129,9 +129,8 @@ fn again_returns_to_the_head_in_order() {
     for (i, m) in queued.iter_mut().enumerate() {
         assert_eq!(m.ready().unwrap(), (i as u64 + 1) * 10);
     }
-    // [1, 2, 3, 4] decides 1, hands back 2, 3, 4; they lead the next batch,
-    // ahead of 5 and 6 which arrived earlier than that batch but later than
-    // them.
+    // [1, 2, 3, 4] decides 1 and hands back 2, 3, 4: they return to the
+    // head, in order, ahead of 5 and 6, and lead the next batch.
     assert_eq!(
         k.batch_ids(),
         vec![vec![100], vec![1, 2, 3, 4], vec![2, 3, 4, 5], vec![6]]
