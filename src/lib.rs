@@ -12,6 +12,8 @@ mod dispatcher;
 pub mod error;
 mod executor;
 pub mod handler;
+pub mod lanes;
+pub mod limit;
 mod mailbox;
 mod receiver;
 mod stats;
@@ -27,5 +29,7 @@ pub use config::{
 pub use dispatcher::{Dispatcher, DispatcherBuilder};
 pub use error::{ConfigError, Panic, SubmitError, TaskError};
 pub use executor::KeyedExecutor;
+pub use lanes::{BatchResult, Kernel, LaneError, Lanes};
+pub use limit::InFlightLimit;
 pub use receiver::{Receiver, SendFuture, SubmitFuture};
 pub use stats::{ExecutorStats, WorkerState, WorkerStats};

@@ -1,0 +1,107 @@
+//! The counters of one `Lanes`: commands in flight (taken and not finished)
+//! and the closed flag, in one word, plus the node's shared
+//! [`InFlightLimit`].
+//!
+//! The word is `CLOSED | count`. Entering is one `fetch_add` that also reads
+//! the flag; closing is one `fetch_or` that also reads the count; so a command
+//! racing `close` either sees the flag (and backs out) or is counted before
+//! `close` reads the count (and `close` waits for it). Releasing is one
+//! `fetch_sub`; the release that brings a closed count to zero reports it, so
+//! the closer is woken exactly when the last command finishes.
+
+use crate::limit::InFlightLimit;
+use crate::sync::atomic::{AtomicUsize, Ordering};
+
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
+/// Why [`Accounts::enter`] refused a command.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The `Lanes` is closed. `drained`: backing out brought the count to
+    /// zero, so the closer must be woken.
+    Closed { drained: bool },
+    /// The in-flight limit is exhausted (nothing is counted). `drained` as
+    /// for `Closed` (a `close` may have come in while backing out).
+    Limit { drained: bool },
+}
+
+#[derive(Debug)]
+pub(crate) struct Accounts {
+    word: AtomicUsize,
+    pub(crate) limit: InFlightLimit,
+}
+
+impl Accounts {
+    pub(crate) fn new(limit: InFlightLimit) -> Self {
+        Accounts {
+            word: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Counts one command in, unless closed or over the limit.
+    pub(crate) fn enter(&self) -> Result<(), Refused> {
+        let prev = self.word.fetch_add(1, Ordering::SeqCst);
+        if prev & CLOSED != 0 {
+            let drained = self.release_word(1);
+            return Err(Refused::Closed { drained });
+        }
+        if !self.limit.try_acquire() {
+            let drained = self.release_word(1);
+            return Err(Refused::Limit { drained });
+        }
+        Ok(())
+    }
+
+    /// Gives back `n` commands (and their limit units). True if this brought
+    /// a closed count to zero.
+    #[must_use]
+    pub(crate) fn release(&self, n: usize) -> bool {
+        if n == 0 {
+            return false;
+        }
+        self.limit.release(n);
+        self.release_word(n)
+    }
+
+    fn release_word(&self, n: usize) -> bool {
+        let prev = self.word.fetch_sub(n, Ordering::SeqCst);
+        debug_assert!(prev & !CLOSED >= n, "released more commands than taken");
+        prev & CLOSED != 0 && prev & !CLOSED == n
+    }
+
+    /// Sets the closed flag; returns the count at that moment.
+    pub(crate) fn close(&self) -> usize {
+        self.word.fetch_or(CLOSED, Ordering::SeqCst) & !CLOSED
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.word.fetch_add(0, Ordering::SeqCst) & !CLOSED
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.word.fetch_add(0, Ordering::SeqCst) & CLOSED != 0
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enter_release_close() {
+        let a = Accounts::new(InFlightLimit::new(2));
+        assert!(a.enter().is_ok());
+        assert!(a.enter().is_ok());
+        assert_eq!(a.enter(), Err(Refused::Limit { drained: false }));
+        assert_eq!(a.in_flight(), 2);
+        assert!(!a.release(1));
+        assert_eq!(a.close(), 1);
+        assert!(a.is_closed());
+        assert_eq!(a.enter(), Err(Refused::Closed { drained: false }));
+        assert!(a.release(1), "last release after close reports the drain");
+        assert_eq!(a.in_flight(), 0);
+        assert_eq!(a.limit.in_flight(), 0);
+    }
+}
