@@ -1,0 +1,360 @@
+#![cfg(loom)]
+//! Helpers shared by the `KeyedExecutor` models: a scripted handler whose
+//! messages say how their future behaves, a log of what ran, a gate future
+//! whose waker is handed to another loom thread, and a wrapper around
+//! `loom::model` that reports how many executions it explored.
+//!
+//! The log and the counters are plain `std` types on purpose: they are the
+//! models' own bookkeeping, invisible to loom, so they add no interleavings.
+//! (Loom runs its threads one at a time on one OS thread, and no `std` lock
+//! here is held across a loom operation.) Where an overlap must be *observable*
+//! the handler also touches a loom atomic, which is a scheduling point.
+#![allow(dead_code)]
+
+use std::collections::hash_map::DefaultHasher;
+use std::future::Future;
+use std::hash::BuildHasherDefault;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool as StdBool, AtomicUsize as StdCounter, Ordering::*};
+use std::sync::Mutex as StdMutex;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use keyed_executor::handler::Handler;
+use keyed_executor::KeyedExecutor;
+use loom::sync::atomic::AtomicBool;
+use loom::sync::{Arc, Condvar, Mutex};
+
+/// A deterministic key hasher: `RandomState` would pick a different shard
+/// (a different loom mutex) in each execution.
+pub type Fixed = BuildHasherDefault<DefaultHasher>;
+
+/// A long graceful-stop timeout. Under loom a timed wait never times out
+/// (it is an untimed wait), so a stop that cannot finish is reported as a
+/// deadlock rather than as `false`.
+pub const LONG: Duration = Duration::from_secs(3600);
+
+/// An executor with `workers` threads and the given `throughput`.
+pub fn executor(workers: usize, throughput: usize) -> KeyedExecutor {
+    KeyedExecutor::builder()
+        .workers(workers)
+        .throughput(throughput)
+        .build()
+        .expect("executor")
+}
+
+/// Runs `f` in `loom::model` and prints the number of executions explored
+/// and the time taken.
+pub fn model<F>(name: &str, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let runs = std::sync::Arc::new(StdCounter::new(0));
+    let counted = runs.clone();
+    let start = Instant::now();
+    loom::model(move || {
+        counted.fetch_add(1, Relaxed);
+        f();
+    });
+    eprintln!(
+        "model {name}: {} executions in {:.1?} (LOOM_MAX_PREEMPTIONS={})",
+        runs.load(Relaxed),
+        start.elapsed(),
+        std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "unbounded".into()),
+    );
+}
+
+// ----- the log --------------------------------------------------------------
+
+/// What a handler did, in the order it did it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The handler was called for message `id` (its future created).
+    Start(u32),
+    /// Message `id`'s future returned `Ready`.
+    End(u32),
+}
+
+/// Shared by a [`Script`] handler and the model that checks it.
+#[derive(Default)]
+pub struct Log {
+    events: StdMutex<Vec<Event>>,
+    /// Set while a message of the key is between `Start` and `End`.
+    busy: StdBool,
+    /// Polls per message id (index).
+    polls: StdMutex<Vec<usize>>,
+}
+
+impl Log {
+    pub fn new() -> std::sync::Arc<Log> {
+        std::sync::Arc::new(Log::default())
+    }
+
+    fn push(&self, e: Event) {
+        self.events.lock().unwrap().push(e);
+    }
+
+    fn polled(&self, id: u32) {
+        let mut p = self.polls.lock().unwrap();
+        let i = id as usize;
+        if p.len() <= i {
+            p.resize(i + 1, 0);
+        }
+        p[i] += 1;
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// How many times message `id`'s future was polled.
+    pub fn polls(&self, id: u32) -> usize {
+        self.polls.lock().unwrap().get(id as usize).copied().unwrap_or(0)
+    }
+
+    pub fn started(&self, id: u32) -> bool {
+        self.events().contains(&Event::Start(id))
+    }
+
+    pub fn ended(&self, id: u32) -> bool {
+        self.events().contains(&Event::End(id))
+    }
+
+    /// Position of `e` in the log; panics if it is not there exactly once.
+    pub fn position(&self, e: Event) -> usize {
+        let ev = self.events();
+        let hits: Vec<usize> = ev
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| **x == e)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(hits.len(), 1, "{e:?} happened {} times in {ev:?}", hits.len());
+        hits[0]
+    }
+
+    /// Every message started ran to its end before the next one started
+    /// (one at a time), and none started twice.
+    pub fn assert_serial(&self) {
+        let ev = self.events();
+        let mut open: Option<u32> = None;
+        let mut seen = Vec::new();
+        for e in &ev {
+            match *e {
+                Event::Start(id) => {
+                    assert!(open.is_none(), "{id} started while {open:?} ran: {ev:?}");
+                    assert!(!seen.contains(&id), "{id} started twice: {ev:?}");
+                    seen.push(id);
+                    open = Some(id);
+                }
+                Event::End(id) => {
+                    assert_eq!(open, Some(id), "{id} ended out of turn: {ev:?}");
+                    open = None;
+                }
+            }
+        }
+    }
+}
+
+// ----- the gate ---------------------------------------------------------------
+
+/// A future's wake-up source on another loom thread: the future parks its
+/// waker here and returns `Pending`; [`Gate::open_and_wake`] (on another
+/// thread) takes the waker, opens the gate and wakes it — possibly while
+/// the worker is still inside the poll that stored it.
+pub struct Gate {
+    open: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+    stored: Condvar,
+}
+
+impl Gate {
+    pub fn new() -> Arc<Gate> {
+        Arc::new(Gate {
+            open: AtomicBool::new(false),
+            waker: Mutex::new(None),
+            stored: Condvar::new(),
+        })
+    }
+
+    /// Waits until a poll stored its waker, opens the gate and wakes the
+    /// task; then wakes it `stale` more times (late, possibly after the
+    /// message completed), and drops the waker.
+    pub fn open_and_wake(&self, stale: usize) {
+        let waker = {
+            let mut slot = self.waker.lock().unwrap();
+            loop {
+                if let Some(w) = slot.take() {
+                    break w;
+                }
+                slot = self.stored.wait(slot).unwrap();
+            }
+        };
+        self.open.store(true, SeqCst);
+        waker.wake_by_ref();
+        for _ in 0..stale {
+            waker.wake_by_ref();
+        }
+        drop(waker);
+    }
+
+    /// Drops a waker left behind (the handler that holds the gate lives in
+    /// the dispatcher, and a waker holds its mailbox: a cycle otherwise).
+    pub fn clear(&self) {
+        drop(self.waker.lock().unwrap().take());
+    }
+}
+
+// ----- the scripted handler -------------------------------------------------
+
+/// How a message's future behaves.
+pub enum Act {
+    /// Ready on its first poll (a sync handler).
+    Now,
+    /// Wakes itself and returns `Pending` once, then is ready: the mailbox
+    /// is re-queued with its future half done.
+    YieldOnce,
+    /// Pending until its [`Gate`] is opened by another thread.
+    Gated(Arc<Gate>),
+}
+
+/// A message: an id (the handler's output) and how to behave.
+pub struct Msg {
+    pub id: u32,
+    pub act: Act,
+}
+
+impl Msg {
+    pub fn now(id: u32) -> Msg {
+        Msg { id, act: Act::Now }
+    }
+    pub fn yield_once(id: u32) -> Msg {
+        Msg {
+            id,
+            act: Act::YieldOnce,
+        }
+    }
+    pub fn gated(id: u32, gate: &Arc<Gate>) -> Msg {
+        Msg {
+            id,
+            act: Act::Gated(gate.clone()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Msg({})", self.id)
+    }
+}
+
+/// The handler: logs `Start`, `End` and every poll; with `probe`, also
+/// touches a loom atomic at the start and the end of each message, so an
+/// overlap of two messages (on two workers) is an interleaving loom can
+/// produce, and the `busy` flag catches it.
+pub struct Script {
+    pub log: std::sync::Arc<Log>,
+    probe: Option<Arc<AtomicBool>>,
+}
+
+impl Script {
+    pub fn new(log: &std::sync::Arc<Log>) -> Script {
+        Script {
+            log: log.clone(),
+            probe: None,
+        }
+    }
+
+    /// With a loom scheduling point at the start and the end of each message.
+    pub fn probed(log: &std::sync::Arc<Log>) -> Script {
+        Script {
+            log: log.clone(),
+            probe: Some(Arc::new(AtomicBool::new(false))),
+        }
+    }
+}
+
+impl Handler<u8, Msg> for Script {
+    type Output = u32;
+    type Future = Work;
+
+    fn call(&self, _key: &u8, msg: Msg) -> Work {
+        assert!(
+            !self.log.busy.swap(true, SeqCst),
+            "message {} started while another of the key ran",
+            msg.id
+        );
+        self.log.push(Event::Start(msg.id));
+        if let Some(p) = &self.probe {
+            p.store(true, SeqCst);
+        }
+        Work {
+            id: msg.id,
+            act: msg.act,
+            yielded: false,
+            done: false,
+            log: self.log.clone(),
+            probe: self.probe.clone(),
+        }
+    }
+}
+
+/// The future of one scripted message.
+pub struct Work {
+    id: u32,
+    act: Act,
+    yielded: bool,
+    done: bool,
+    log: std::sync::Arc<Log>,
+    probe: Option<Arc<AtomicBool>>,
+}
+
+impl Future for Work {
+    type Output = u32;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<u32> {
+        assert!(!self.done, "message {} polled after it completed", self.id);
+        self.log.polled(self.id);
+        let ready = match &self.act {
+            Act::Now => true,
+            Act::YieldOnce => {
+                if self.yielded {
+                    true
+                } else {
+                    self.yielded = true;
+                    cx.waker().wake_by_ref();
+                    false
+                }
+            }
+            Act::Gated(gate) => {
+                if gate.open.load(SeqCst) {
+                    true
+                } else {
+                    *gate.waker.lock().unwrap() = Some(cx.waker().clone());
+                    gate.stored.notify_one();
+                    false
+                }
+            }
+        };
+        if !ready {
+            return Poll::Pending;
+        }
+        if let Some(p) = &self.probe {
+            p.store(false, SeqCst);
+        }
+        self.done = true;
+        self.log.push(Event::End(self.id));
+        assert!(self.log.busy.swap(false, SeqCst), "busy flag lost");
+        Poll::Ready(self.id)
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        // A future dropped before it completed (cancelled by a force stop)
+        // frees its key.
+        if !self.done {
+            self.log.busy.store(false, SeqCst);
+        }
+    }
+}
