@@ -153,10 +153,14 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
                 continue;
             }
         }
-        // Park: announce, then re-check everything a waker would publish.
+        // Park: announce, then re-check everything a waker would publish:
+        // a push, a stop, and — during a graceful stop — the retirement of
+        // the last mailbox (`on_mailbox_retired` wakes only workers it sees
+        // PARKED, so one between its drained check above and this swap
+        // must see the retirement here).
         me.state.swap(PARKED, SeqCst);
         fence(SeqCst);
-        if !me.queue.is_empty() || shared.state() != st {
+        if !me.queue.is_empty() || shared.state() != st || shared.should_exit(st) {
             // Cancel the park. If a waker already flipped us to RUNNING it
             // also unparked us: the stale token only costs a spurious wake.
             let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
