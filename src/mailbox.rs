@@ -6,7 +6,11 @@
 //! # State machine
 //!
 //! `state` holds one of four states plus a flag; every transition is a single
-//! read-modify-write.
+//! read-modify-write — also the runner's own writes out of `RUNNING`, which
+//! race a waker's CAS setting `NOTIFIED`: as a swap, the write is ordered
+//! after that CAS or makes it fail, and loom (which models a plain store
+//! racing a CAS too loosely: a later RMW could read the CAS's value over the
+//! store) checks exactly this code.
 //!
 //! - `SCHEDULED`: the mailbox is in its worker's queue, exactly once. Nobody
 //!   runs it. Made by: the submitter that creates the mailbox, a waker
@@ -366,7 +370,7 @@ where
         if this.dispatcher.shared.is_forced() {
             // SAFETY: we still own the turn.
             unsafe { this.cancel_current() };
-            this.state.store(CLOSED, Release);
+            this.state.swap(CLOSED, AcqRel);
             return;
         }
         match this.transition_to_idle() {
@@ -421,7 +425,7 @@ where
         if !self.queue.lock().is_empty() {
             return false;
         }
-        self.state.store(CLOSED, Release);
+        self.state.swap(CLOSED, AcqRel);
         true
     }
 
@@ -478,7 +482,7 @@ where
         loop {
             if budget == 0 {
                 // Fairness: go behind the other mailboxes of this worker.
-                this.state.store(SCHEDULED, Release);
+                this.state.swap(SCHEDULED, AcqRel);
                 cx.shared.schedule_local(cx.index, Task::new(this));
                 return;
             }
@@ -498,7 +502,7 @@ where
                 }
                 Next::Forced => {
                     // The stopping thread hands back the queue; we stop here.
-                    this.state.store(CLOSED, Release);
+                    this.state.swap(CLOSED, AcqRel);
                     return;
                 }
             }

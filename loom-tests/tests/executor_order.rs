@@ -43,7 +43,11 @@ fn two_producers_one_key() {
         assert!(ex.shutdown(LONG));
         log.assert_serial();
         assert!(log.position(Event::End(1)) < log.position(Event::Start(2)));
-        assert_eq!(log.polls(1), 2, "a self-wake during the poll costs one more poll");
+        assert_eq!(
+            log.polls(1),
+            2,
+            "a self-wake during the poll costs one more poll"
+        );
         assert_eq!(log.polls(2), 1);
         assert_eq!(log.polls(3), 1);
         assert_eq!(d.live_mailboxes(), 0);

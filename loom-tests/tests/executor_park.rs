@@ -27,8 +27,14 @@ fn submit_vs_park() {
             .hasher(Fixed::default())
             .build();
         let r = d.receiver(4).unwrap();
-        assert_eq!(r.submit_blocking(0, Msg::now(1)).unwrap().wait().unwrap(), 1);
-        assert_eq!(r.submit_blocking(0, Msg::now(2)).unwrap().wait().unwrap(), 2);
+        assert_eq!(
+            r.submit_blocking(0, Msg::now(1)).unwrap().wait().unwrap(),
+            1
+        );
+        assert_eq!(
+            r.submit_blocking(0, Msg::now(2)).unwrap().wait().unwrap(),
+            2
+        );
         assert!(ex.shutdown(LONG), "graceful stop drains and joins");
         assert!(ex.is_terminated());
         log.assert_serial();

@@ -64,6 +64,17 @@ where
     );
 }
 
+/// Fails unless every outcome counted in `seen` (over all the executions
+/// of a model) happened at least once: the model reached each branch it
+/// asserts on.
+pub fn assert_all_seen(model: &str, seen: &[StdCounter], labels: &[&str]) {
+    for (n, label) in seen.iter().zip(labels) {
+        let n = n.load(Relaxed);
+        eprintln!("model {model}: {label}: {n} executions");
+        assert!(n > 0, "model {model} never explored: {label}");
+    }
+}
+
 // ----- the log --------------------------------------------------------------
 
 /// What a handler did, in the order it did it.
@@ -73,14 +84,19 @@ pub enum Event {
     Start(u32),
     /// Message `id`'s future returned `Ready`.
     End(u32),
+    /// A point in the model's own thread (see [`Log::mark`]).
+    Mark(u32),
 }
 
 /// Shared by a [`Script`] handler and the model that checks it.
 #[derive(Default)]
 pub struct Log {
     events: StdMutex<Vec<Event>>,
-    /// Set while a message of the key is between `Start` and `End`.
-    busy: StdBool,
+    /// Per key (index): set while a message of the key is between `Start`
+    /// and `End` (or dropped unfinished).
+    busy: [StdBool; 4],
+    /// The key of each message id (index).
+    keys: StdMutex<Vec<Option<u8>>>,
     /// Polls per message id (index).
     polls: StdMutex<Vec<usize>>,
 }
@@ -103,13 +119,25 @@ impl Log {
         p[i] += 1;
     }
 
+    /// Records that the calling thread got to point `n`. Call it right
+    /// after a crate call returns, with no loom operation in between, and
+    /// it is ordered exactly against the handler's events.
+    pub fn mark(&self, n: u32) {
+        self.push(Event::Mark(n));
+    }
+
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().unwrap().clone()
     }
 
     /// How many times message `id`'s future was polled.
     pub fn polls(&self, id: u32) -> usize {
-        self.polls.lock().unwrap().get(id as usize).copied().unwrap_or(0)
+        self.polls
+            .lock()
+            .unwrap()
+            .get(id as usize)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn started(&self, id: u32) -> bool {
@@ -129,14 +157,51 @@ impl Log {
             .filter(|(_, x)| **x == e)
             .map(|(i, _)| i)
             .collect();
-        assert_eq!(hits.len(), 1, "{e:?} happened {} times in {ev:?}", hits.len());
+        assert_eq!(
+            hits.len(),
+            1,
+            "{e:?} happened {} times in {ev:?}",
+            hits.len()
+        );
         hits[0]
     }
 
-    /// Every message started ran to its end before the next one started
-    /// (one at a time), and none started twice.
+    fn started_on(&self, key: u8, id: u32) {
+        let mut k = self.keys.lock().unwrap();
+        let i = id as usize;
+        if k.len() <= i {
+            k.resize(i + 1, None);
+        }
+        assert!(k[i].is_none(), "message {id} started twice");
+        k[i] = Some(key);
+    }
+
+    fn key_of(&self, id: u32) -> Option<u8> {
+        self.keys
+            .lock()
+            .unwrap()
+            .get(id as usize)
+            .copied()
+            .flatten()
+    }
+
+    /// Per key: every message started ran to its end before the next one
+    /// of its key started (one at a time), and none started twice.
     pub fn assert_serial(&self) {
-        let ev = self.events();
+        for key in 0..self.busy.len() as u8 {
+            self.assert_serial_key(key);
+        }
+    }
+
+    fn assert_serial_key(&self, key: u8) {
+        let ev: Vec<Event> = self
+            .events()
+            .into_iter()
+            .filter(|e| match *e {
+                Event::Start(id) | Event::End(id) => self.key_of(id) == Some(key),
+                Event::Mark(_) => false,
+            })
+            .collect();
         let mut open: Option<u32> = None;
         let mut seen = Vec::new();
         for e in &ev {
@@ -151,6 +216,7 @@ impl Log {
                     assert_eq!(open, Some(id), "{id} ended out of turn: {ev:?}");
                     open = None;
                 }
+                Event::Mark(_) => {}
             }
         }
     }
@@ -278,17 +344,19 @@ impl Handler<u8, Msg> for Script {
     type Output = u32;
     type Future = Work;
 
-    fn call(&self, _key: &u8, msg: Msg) -> Work {
+    fn call(&self, key: &u8, msg: Msg) -> Work {
         assert!(
-            !self.log.busy.swap(true, SeqCst),
-            "message {} started while another of the key ran",
+            !self.log.busy[*key as usize].swap(true, SeqCst),
+            "message {} started while another of key {key} ran",
             msg.id
         );
+        self.log.started_on(*key, msg.id);
         self.log.push(Event::Start(msg.id));
         if let Some(p) = &self.probe {
             p.store(true, SeqCst);
         }
         Work {
+            key: *key,
             id: msg.id,
             act: msg.act,
             yielded: false,
@@ -301,6 +369,7 @@ impl Handler<u8, Msg> for Script {
 
 /// The future of one scripted message.
 pub struct Work {
+    key: u8,
     id: u32,
     act: Act,
     yielded: bool,
@@ -344,7 +413,10 @@ impl Future for Work {
         }
         self.done = true;
         self.log.push(Event::End(self.id));
-        assert!(self.log.busy.swap(false, SeqCst), "busy flag lost");
+        assert!(
+            self.log.busy[self.key as usize].swap(false, SeqCst),
+            "busy flag lost"
+        );
         Poll::Ready(self.id)
     }
 }
@@ -354,7 +426,7 @@ impl Drop for Work {
         // A future dropped before it completed (cancelled by a force stop)
         // frees its key.
         if !self.done {
-            self.log.busy.store(false, SeqCst);
+            self.log.busy[self.key as usize].store(false, SeqCst);
         }
     }
 }
