@@ -175,12 +175,59 @@ mod imp {
 
     pub(crate) use loom::sync::Arc;
 
-    /// Atomics (loom's models).
+    /// Atomics (loom's models, behind [`SeqCstInit`]).
     pub(crate) mod atomic {
-        pub(crate) use loom::sync::atomic::{
-            fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
-        };
+        pub(crate) use loom::sync::atomic::{fence, Ordering};
+
+        use super::SeqCstInit;
+        pub(crate) type AtomicBool = SeqCstInit<loom::sync::atomic::AtomicBool>;
+        pub(crate) type AtomicU8 = SeqCstInit<loom::sync::atomic::AtomicU8>;
+        pub(crate) type AtomicU64 = SeqCstInit<loom::sync::atomic::AtomicU64>;
+        pub(crate) type AtomicUsize = SeqCstInit<loom::sync::atomic::AtomicUsize>;
     }
+
+    /// A loom atomic whose initial value is also written with `SeqCst`.
+    ///
+    /// Loom records an atomic's initial value as a non-`SeqCst` store, and
+    /// lets a `SeqCst` load read a non-`SeqCst` store even when a newer
+    /// `SeqCst` store exists. So in a Dekker hand-shake on a fresh atomic
+    /// (`receiver.rs`: `has_waiters.store(true)` then re-read `in_flight`,
+    /// against `in_flight.fetch_sub` then read `has_waiters`; the worker's
+    /// park against a push) loom would let both sides read the old values, an
+    /// outcome the C++ model forbids (the initial value happens before every
+    /// access, so a `SeqCst` load cannot read it past a `SeqCst` store that
+    /// precedes the load in the single total order). A `SeqCst` store of the
+    /// same value right after creation closes that gap; it changes no value.
+    #[derive(Debug)]
+    pub(crate) struct SeqCstInit<A>(A);
+
+    impl<A> core::ops::Deref for SeqCstInit<A> {
+        type Target = A;
+
+        fn deref(&self) -> &A {
+            &self.0
+        }
+    }
+
+    macro_rules! seq_cst_init {
+        ($($atomic:ident: $t:ty),*) => {$(
+            impl SeqCstInit<loom::sync::atomic::$atomic> {
+                pub(crate) fn new(value: $t) -> Self {
+                    let a = loom::sync::atomic::$atomic::new(value);
+                    a.store(value, loom::sync::atomic::Ordering::SeqCst);
+                    SeqCstInit(a)
+                }
+            }
+
+            impl Default for SeqCstInit<loom::sync::atomic::$atomic> {
+                fn default() -> Self {
+                    Self::new(<$t>::default())
+                }
+            }
+        )*};
+    }
+
+    seq_cst_init!(AtomicBool: bool, AtomicU8: u8, AtomicU64: u64, AtomicUsize: usize);
 
     /// A mutex that never poisons (loom's, unwrapped).
     #[derive(Debug)]
