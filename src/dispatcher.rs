@@ -81,8 +81,15 @@ where
                 existing.0.push(env);
                 return Ok(());
             }
-            // A closed mailbox left behind (its key's `Hash` panicked while it
-            // retired): replace it.
+            // A mailbox closed by a force stop (a worker cancelled it, or
+            // it stopped between messages) may still hold queued messages
+            // that the stop's walk will hand back: leave it there and refuse.
+            // The stop set the flag before closing it, so we see the flag.
+            if this.shared.is_closed() {
+                return Err(env);
+            }
+            // Otherwise a closed mailbox left behind (its key's `Hash`
+            // panicked while it retired, with an empty queue): replace it.
             set.remove(&key);
         }
         let worker = this.shared.pick_worker();

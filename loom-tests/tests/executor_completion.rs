@@ -111,8 +111,10 @@ fn completion_vs_poll_and_drop() {
     });
     assert_all_seen(
         "completion_vs_poll_and_drop",
-        &POLLED,
-        &["dropped while pending", "value taken by the poll"],
+        &[
+            ("dropped while pending", &POLLED[0]),
+            ("value taken by the poll", &POLLED[1]),
+        ],
     );
 }
 

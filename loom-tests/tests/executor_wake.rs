@@ -106,10 +106,9 @@ fn fairness_requeue_vs_wake() {
     });
     assert_all_seen(
         "fairness_requeue_vs_wake",
-        &FAIRNESS,
         &[
-            "key 1 submitted after message 1 completed",
-            "key 1 queued when message 1 completed",
+            ("key 1 submitted after message 1 completed", &FAIRNESS[0]),
+            ("key 1 queued when message 1 completed", &FAIRNESS[1]),
         ],
     );
 }

@@ -64,11 +64,10 @@ where
     );
 }
 
-/// Fails unless every outcome counted in `seen` (over all the executions
-/// of a model) happened at least once: the model reached each branch it
-/// asserts on.
-pub fn assert_all_seen(model: &str, seen: &[StdCounter], labels: &[&str]) {
-    for (n, label) in seen.iter().zip(labels) {
+/// Fails unless every outcome counted (over all the executions of a model)
+/// happened at least once: the model reached each branch it asserts on.
+pub fn assert_all_seen(model: &str, seen: &[(&str, &StdCounter)]) {
+    for (label, n) in seen {
         let n = n.load(Relaxed);
         eprintln!("model {model}: {label}: {n} executions");
         assert!(n > 0, "model {model} never explored: {label}");
