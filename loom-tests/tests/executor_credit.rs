@@ -1,9 +1,10 @@
 #![cfg(loom)]
 //! Loom model of a receiver's credit: a message finishing (and releasing
 //! its unit) races submitters blocked for credit — one in `submit_blocking`
-//! (a parked thread), one in `.await`ing `submit` (a task waker). Every
-//! waiter proceeds (a lost notification is a loom deadlock) and the
-//! receiver never holds more than `max_in_flight` unfinished messages.
+//! (a parked thread), one in `.await`ing `submit` (a task waker), one that
+//! gives up. Every waiter proceeds (a lost notification is a loom
+//! deadlock) and the receiver never holds more than `max_in_flight`
+//! unfinished messages.
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom -C debug_assertions" LOOM_MAX_PREEMPTIONS=2 \
@@ -12,10 +13,13 @@
 
 mod common;
 
+use std::future::Future;
+use std::pin::pin;
 use std::sync::atomic::{AtomicUsize as StdCounter, Ordering::SeqCst};
 use std::sync::Arc as StdArc;
+use std::task::{Context, Poll, Waker};
 
-use common::{executor, model, Fixed, LONG};
+use common::{assert_all_seen, executor, model, Fixed, LONG};
 use keyed_executor::handler;
 use loom::future::block_on;
 use loom::thread;
@@ -53,6 +57,46 @@ fn credit_release_vs_submit_await() {
         assert_eq!(r.in_flight(), 0);
     });
 }
+
+/// A waiter that gives up: `max_in_flight` = 1. The main thread submits 1,
+/// then blocks in `submit_blocking(3)`; a loom thread polls `submit(2)`
+/// once and drops it — before or after a release picked it as the waiter
+/// to wake. A notification handed to a waiter that leaves is passed on:
+/// the main thread proceeds, and 2 is accepted only if that one poll got
+/// the unit.
+#[test]
+fn credit_waiter_gives_up() {
+    model("credit_waiter_gives_up", || {
+        let (ex, r, finished) = setup();
+        drop(r.submit_blocking(0, 1).unwrap());
+        let r2 = r.clone();
+        let quitter = thread::spawn(move || {
+            let mut submit = pin!(r2.submit(0, 2));
+            match submit.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(done) => {
+                    drop(done.unwrap());
+                    true
+                }
+                Poll::Pending => false,
+            }
+        });
+        drop(r.submit_blocking(0, 3).unwrap());
+        let accepted = quitter.join().unwrap();
+        assert!(ex.shutdown(LONG));
+        assert_eq!(finished.load(SeqCst), 2 + usize::from(accepted));
+        assert_eq!(r.in_flight(), 0);
+        GAVE_UP[usize::from(accepted)].fetch_add(1, SeqCst);
+    });
+    assert_all_seen(
+        "credit_waiter_gives_up",
+        &[
+            ("2 given up while waiting", &GAVE_UP[0]),
+            ("2 accepted on its only poll", &GAVE_UP[1]),
+        ],
+    );
+}
+
+static GAVE_UP: [StdCounter; 2] = [StdCounter::new(0), StdCounter::new(0)];
 
 type R = keyed_executor::Receiver<u8, u32, u32>;
 
