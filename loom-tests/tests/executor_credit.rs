@@ -72,7 +72,10 @@ fn credit_waiter_gives_up() {
         let r2 = r.clone();
         let quitter = thread::spawn(move || {
             let mut submit = pin!(r2.submit(0, 2));
-            match submit.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            match submit
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+            {
                 Poll::Ready(done) => {
                     drop(done.unwrap());
                     true

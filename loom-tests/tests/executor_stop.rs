@@ -160,3 +160,30 @@ fn shutdown_vs_late_wake() {
         assert_eq!(r.in_flight(), 0);
     });
 }
+
+/// Two workers, a graceful stop: key 0's message 1 suspends itself once
+/// (re-queued mid-way) and key 1's message 2 runs at once, on the other
+/// worker when the pool picks it, while the main thread stops. Each worker
+/// may see the last mailbox retire on the other one; both must still exit,
+/// so the stop returns `true`. (Before the fix in `worker.rs` a worker that
+/// checked "drained" just before the other retired the last mailbox parked
+/// forever here.)
+#[test]
+fn shutdown_two_workers() {
+    model("shutdown_two_workers", || {
+        let log = Log::new();
+        let ex = executor(2, 16);
+        let d = ex
+            .dispatcher_builder(Script::new(&log))
+            .hasher(Fixed::default())
+            .build();
+        let r = d.receiver(4).unwrap();
+        let first = r.submit_blocking(0, Msg::yield_once(1)).unwrap();
+        let second = r.submit_blocking(1, Msg::now(2)).unwrap();
+        assert!(ex.shutdown(LONG), "drained and joined");
+        assert_eq!(first.wait().unwrap(), 1);
+        assert_eq!(second.wait().unwrap(), 2);
+        assert_eq!(log.polls(1), 2);
+        assert_eq!(d.live_mailboxes(), 0);
+    });
+}
