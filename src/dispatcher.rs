@@ -24,7 +24,7 @@ use crate::config::DEFAULT_MAX_IN_FLIGHT;
 use crate::error::{ConfigError, Panic, TaskError};
 use crate::executor::{KeyedExecutor, Shared};
 use crate::handler::Handler;
-use crate::mailbox::{Envelope, Mailbox, MailboxRef, Retire};
+use crate::mailbox::{Envelope, Mailbox, MailboxRef, Push, Retire};
 use crate::receiver::{Credit, Receiver};
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex};
@@ -78,7 +78,11 @@ where
         }
         if let Some(existing) = set.get(&key) {
             if !existing.0.is_closed() {
-                existing.0.push(env);
+                if let Push::Schedule = existing.0.push(env) {
+                    let mailbox = existing.0.clone();
+                    drop(set);
+                    this.shared.schedule(mailbox.worker(), Task::new(mailbox));
+                }
                 return Ok(());
             }
             // A closed mailbox left behind (its key's `Hash` panicked while it
@@ -93,11 +97,11 @@ where
         Ok(())
     }
 
-    /// The runner of `mailbox` found it idle: under the shard lock, close it
-    /// and remove it from the map unless a message arrived.
+    /// The worker of an idle `mailbox` retires it: under the shard lock,
+    /// close it and remove it from the map unless a message arrived.
     pub(crate) fn retire(&self, mailbox: &Arc<Mailbox<K, M, H, S>>, hash: u64) -> Retire {
         let mut set = self.shard(hash).lock();
-        if !mailbox.close_if_empty() {
+        if !mailbox.close_if_idle() {
             return Retire::Busy;
         }
         // `Hash`/`Eq` are user code: a panic here must not kill the worker.
@@ -109,6 +113,11 @@ where
                 .is_some_and(|r| Arc::ptr_eq(&r.0, mailbox));
             if ours {
                 set.remove(mailbox.key());
+            }
+            // Give memory back once most keys went quiet.
+            let len = set.len();
+            if set.capacity() > 64 && len * 4 < set.capacity() {
+                set.shrink_to(len * 2);
             }
         }));
         drop(set);
@@ -183,7 +192,8 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     /// Force stop: take every mailbox out of the map, reject its queue on
     /// this thread and cancel its suspended future.
     fn force_drain(&self) -> usize;
-    /// No mailbox is alive (a closed leftover does not count).
+    /// No mailbox has work (idle ones waiting to be retired and closed
+    /// leftovers do not count).
     fn is_drained(&self) -> bool;
     fn live_mailboxes(&self) -> usize;
     fn id(&self) -> u64;
@@ -214,7 +224,7 @@ where
         self.0
             .shards
             .iter()
-            .all(|s| s.lock().iter().all(|m| m.0.is_closed()))
+            .all(|s| s.lock().iter().all(|m| m.0.is_at_rest()))
     }
 
     fn live_mailboxes(&self) -> usize {

@@ -290,7 +290,9 @@ impl Shared {
         let removed = {
             let mut reg = self.registry.lock();
             match reg.targets.iter().position(|t| t.id() == id) {
-                Some(i) if reg.targets[i].is_drained() => Some(reg.targets.swap_remove(i)),
+                // Only once its map is empty: an idle mailbox still in the
+                // map holds the dispatcher (it is retired by its worker).
+                Some(i) if reg.targets[i].live_mailboxes() == 0 => Some(reg.targets.swap_remove(i)),
                 _ => None,
             }
         };

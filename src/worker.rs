@@ -29,6 +29,8 @@
 //! longer wait it parks at once. The spin also stops at once when a stop
 //! begins. Under loom the spin loop yields to the scheduler.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -95,10 +97,62 @@ impl Worker {
     }
 }
 
+/// An idle mailbox stays in its dispatcher's map, ready for its key's next
+/// message, until its worker has had nothing to do for this long...
+#[cfg(not(loom))]
+pub(crate) const IDLE_RETIRE_AFTER: Duration = Duration::from_millis(2);
+
+/// ...or until more than this many idle mailboxes wait on one worker; then
+/// the oldest half are retired. Under loom: retire at once.
+#[cfg(not(loom))]
+pub(crate) const IDLE_CAP: usize = 8192;
+#[cfg(loom)]
+pub(crate) const IDLE_CAP: usize = 0;
+
 /// What a running task knows about the worker running it.
 pub(crate) struct WorkerCx<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) index: usize,
+    /// Idle mailboxes of this worker, oldest first, kept for reuse until
+    /// retired. Only this thread touches it.
+    idle: RefCell<VecDeque<Task>>,
+}
+
+impl WorkerCx<'_> {
+    /// A mailbox of this worker went idle.
+    pub(crate) fn went_idle(&self, task: Task) {
+        let len = {
+            let mut idle = self.idle.borrow_mut();
+            idle.push_back(task);
+            idle.len()
+        };
+        if len > IDLE_CAP {
+            self.retire_idle(IDLE_CAP / 2);
+        }
+    }
+
+    /// Retires the oldest idle mailboxes until at most `keep` are left.
+    fn retire_idle(&self, keep: usize) {
+        loop {
+            // Release the borrow before retiring: retiring may drop user
+            // values (a dispatcher's handler).
+            let task = {
+                let mut idle = self.idle.borrow_mut();
+                if idle.len() <= keep {
+                    return;
+                }
+                idle.pop_front()
+            };
+            match task {
+                Some(t) => t.retire(),
+                None => return,
+            }
+        }
+    }
+
+    fn has_idle(&self) -> bool {
+        !self.idle.borrow().is_empty()
+    }
 }
 
 // loom's `thread_local!` does not take a `const { }` initializer.
@@ -130,6 +184,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let cx = WorkerCx {
         shared: &shared,
         index,
+        idle: RefCell::new(VecDeque::new()),
     };
     // Allow a spin on the first idle period.
     let mut last_wait = Duration::ZERO;
@@ -144,6 +199,12 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         let st = shared.state();
         if shared.should_exit(st) {
             break;
+        }
+        if (cfg!(loom) || shared.is_closed()) && cx.has_idle() {
+            // Stopping (or under loom, where there is no clock): retire idle
+            // mailboxes before sleeping.
+            cx.retire_idle(0);
+            continue;
         }
         let idle_since = (!spin.is_zero()).then(Instant::now);
         if let Some(start) = idle_since {
@@ -163,13 +224,13 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             continue;
         }
         me.counters.parks.fetch_add(1, Relaxed);
-        while me.state.load(SeqCst) == PARKED {
-            thread::park();
-        }
+        park(&cx, me);
         if let Some(start) = idle_since {
             last_wait = start.elapsed();
         }
     }
+    // Retire the idle mailboxes kept for reuse (they hold their dispatcher).
+    cx.retire_idle(0);
     // Forced stop: cancel whatever was pushed meanwhile.
     while let Some(task) = me.queue.pop() {
         task.cancel();
@@ -180,6 +241,40 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     }
     CURRENT.with(|c| c.set(0));
     shared.worker_exited();
+}
+
+/// Sleeps until woken. With idle mailboxes kept for reuse, wakes up after
+/// `IDLE_RETIRE_AFTER` with nothing to do to retire them, then returns (the
+/// loop parks again, with nothing kept, until woken).
+fn park(cx: &WorkerCx<'_>, me: &Worker) {
+    #[cfg(not(loom))]
+    if cx.has_idle() {
+        let deadline = Instant::now() + IDLE_RETIRE_AFTER;
+        loop {
+            if me.state.load(SeqCst) != PARKED {
+                return;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                // Nobody came: leave the park ourselves. If a waker beat us
+                // to it, there is work; the idle mailboxes can wait.
+                if me
+                    .state
+                    .compare_exchange(PARKED, RUNNING, SeqCst, Relaxed)
+                    .is_ok()
+                {
+                    cx.retire_idle(0);
+                }
+                return;
+            }
+            thread::park_timeout(deadline - now);
+        }
+    }
+    #[cfg(loom)]
+    let _ = cx;
+    while me.state.load(SeqCst) == PARKED {
+        thread::park();
+    }
 }
 
 /// Spins until work arrives (true), `spin` passes, or a stop begins.
