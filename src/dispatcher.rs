@@ -21,14 +21,16 @@ use crossbeam_utils::CachePadded;
 
 use crate::completion::{Outcome, Slot};
 use crate::config::DEFAULT_MAX_IN_FLIGHT;
+use crate::credit::CreditRef;
 use crate::error::{ConfigError, Panic, TaskError};
 use crate::executor::{KeyedExecutor, Shared};
 use crate::handler::Handler;
 use crate::mailbox::{Envelope, Mailbox, MailboxRef, Push, Retire};
-use crate::receiver::{Credit, Receiver};
+use crate::receiver::Receiver;
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex};
 use crate::task::Task;
+use crate::worker::WorkerCx;
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
 type PanicHook<K> = Box<dyn Fn(&K, Panic) + Send + Sync + 'static>;
@@ -133,15 +135,21 @@ where
         key: &K,
         worker: usize,
         reply: Option<Arc<Slot<H::Output, M>>>,
-        credit: &Credit,
+        credit: CreditRef,
+        cx: Option<&WorkerCx<'_>>,
         outcome: Outcome<H::Output, M>,
     ) {
         let counters = &self.shared.workers[worker].counters;
         match &outcome {
-            Ok(_) => counters.done.fetch_add(1, Relaxed),
-            Err(TaskError::Panicked(_)) => counters.panicked.fetch_add(1, Relaxed),
-            Err(_) => 0,
-        };
+            // Only this worker's thread writes these two: no RMW needed.
+            Ok(_) => counters
+                .done
+                .store(counters.done.load(Relaxed) + 1, Relaxed),
+            Err(TaskError::Panicked(_)) => counters
+                .panicked
+                .store(counters.panicked.load(Relaxed) + 1, Relaxed),
+            Err(_) => {}
+        }
         match reply {
             Some(slot) => slot.complete(outcome),
             None => {
@@ -152,7 +160,11 @@ where
                 }
             }
         }
-        credit.release(1);
+        match cx {
+            Some(cx) => cx.release_credit(credit),
+            // SAFETY: the finished message held this unit.
+            None => unsafe { credit.release(1) },
+        }
     }
 
     pub(crate) fn cancelled(&self, worker: usize) {
@@ -179,7 +191,8 @@ where
             }
         }
         self.shared.rejected.fetch_add(1, Relaxed);
-        credit.release(1);
+        // SAFETY: the rejected message held this unit.
+        unsafe { credit.release(1) };
     }
 
     fn live_mailboxes(&self) -> usize {

@@ -8,6 +8,7 @@ pub(crate) mod sync;
 
 mod completion;
 mod config;
+mod credit;
 mod dispatcher;
 pub mod error;
 mod executor;

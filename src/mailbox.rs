@@ -81,10 +81,10 @@ use std::ptr;
 use std::task::{Context, Poll};
 
 use crate::completion::{Outcome, Slot};
+use crate::credit::CreditRef;
 use crate::dispatcher::DispatcherInner;
 use crate::error::{Panic, TaskError};
 use crate::handler::Handler;
-use crate::receiver::Credit;
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex, UnsafeCell};
 use crate::task::{Runnable, Task};
@@ -105,13 +105,13 @@ pub(crate) struct Envelope<M, O> {
     /// The completion to deliver to; `None` for fire-and-forget sends.
     pub(crate) reply: Option<Arc<Slot<O, M>>>,
     /// The credit unit this message holds until it finishes.
-    pub(crate) credit: Arc<Credit>,
+    pub(crate) credit: CreditRef,
 }
 
 /// Where the running message's outcome goes.
 struct Meta<O, M> {
     reply: Option<Arc<Slot<O, M>>>,
-    credit: Arc<Credit>,
+    credit: CreditRef,
 }
 
 /// What a step of the current message ended with.
@@ -293,8 +293,9 @@ where
     ///
     /// # Safety
     /// The caller owns the mailbox's turn (`RUNNING`) and no future is stored.
-    unsafe fn start(this: &Arc<Self>, env: Envelope<M, H::Output>) -> Step {
+    unsafe fn start(this: &Arc<Self>, env: Envelope<M, H::Output>, cx: &WorkerCx<'_>) -> Step {
         let Envelope { msg, reply, credit } = env;
+        cx.before_start(credit);
         let handler = &this.dispatcher.handler;
         match catch_unwind(AssertUnwindSafe(|| handler.call(&this.key, msg))) {
             Ok(fut) => {
@@ -303,7 +304,7 @@ where
                     this.future.with_mut(|f| ptr::write(f, Some(fut)));
                     this.meta
                         .with_mut(|m| ptr::write(m, Some(Meta { reply, credit })));
-                    Self::poll_current(this)
+                    Self::poll_current(this, cx)
                 }
             }
             Err(payload) => {
@@ -311,7 +312,8 @@ where
                     &this.key,
                     this.worker,
                     reply,
-                    &credit,
+                    credit,
+                    Some(cx),
                     Err(TaskError::Panicked(Panic::new(payload))),
                 );
                 Step::Done
@@ -324,7 +326,7 @@ where
     ///
     /// # Safety
     /// The caller owns the mailbox's turn and a future is stored.
-    unsafe fn poll_current(this: &Arc<Self>) -> Step {
+    unsafe fn poll_current(this: &Arc<Self>, wcx: &WorkerCx<'_>) -> Step {
         let waker = WakerRef::new(this);
         let mut cx = Context::from_waker(&waker);
         let polled = this.future.with_mut(|f| {
@@ -344,8 +346,14 @@ where
         unsafe {
             this.drop_future();
             let meta = this.meta.with_mut(|m| (*m).take()).expect("meta is stored");
-            this.dispatcher
-                .finish(&this.key, this.worker, meta.reply, &meta.credit, outcome);
+            this.dispatcher.finish(
+                &this.key,
+                this.worker,
+                meta.reply,
+                meta.credit,
+                Some(wcx),
+                outcome,
+            );
         }
         Step::Done
     }
@@ -394,7 +402,8 @@ where
                 &self.key,
                 self.worker,
                 meta.reply,
-                &meta.credit,
+                meta.credit,
+                None,
                 Err(TaskError::Cancelled),
             );
         }
@@ -521,7 +530,7 @@ where
         let mut budget = this.dispatcher.shared.config.throughput;
         if this.has_current() {
             // SAFETY: we own the turn and a future is stored.
-            match unsafe { Self::poll_current(&this) } {
+            match unsafe { Self::poll_current(&this, cx) } {
                 Step::Pending => return Self::after_pending(this, cx),
                 Step::Done => budget -= 1,
             }
@@ -537,7 +546,7 @@ where
                 Next::Message(env) => {
                     budget -= 1;
                     // SAFETY: we own the turn and no future is stored.
-                    match unsafe { Self::start(&this, env) } {
+                    match unsafe { Self::start(&this, env, cx) } {
                         Step::Done => {}
                         Step::Pending => return Self::after_pending(this, cx),
                     }
@@ -545,7 +554,9 @@ where
                 Next::Idle => {
                     // Stay in the map for a while, so the key's next message
                     // reuses this mailbox; the worker retires it later.
-                    if !this.listed.swap(true, Relaxed) {
+                    // Only this worker's thread touches `listed`: no RMW.
+                    if !this.listed.load(Relaxed) {
+                        this.listed.store(true, Relaxed);
                         cx.went_idle(Task::new(this));
                     }
                     return;

@@ -29,12 +29,13 @@
 //! longer wait it parks at once. The spin also stops at once when a stop
 //! begins. Under loom the spin loop yields to the scheduler.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
+use crate::credit::CreditRef;
 use crate::executor::Shared;
 use crate::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering::*};
 use crate::sync::{spin_loop, thread, Arc, Mutex, Queue};
@@ -116,6 +117,11 @@ pub(crate) struct WorkerCx<'a> {
     /// Idle mailboxes of this worker, oldest first, kept for reuse until
     /// retired. Only this thread touches it.
     idle: RefCell<VecDeque<Task>>,
+    /// Credit units of finished messages not given back yet: returning them
+    /// in small batches keeps the credit's cache line from crossing cores on
+    /// every message. Given back when the batch is full, before a message of
+    /// another receiver starts, and before the worker waits for work.
+    pending: Cell<Option<(CreditRef, u64)>>,
 }
 
 impl WorkerCx<'_> {
@@ -153,6 +159,51 @@ impl WorkerCx<'_> {
     fn has_idle(&self) -> bool {
         !self.idle.borrow().is_empty()
     }
+
+    /// A message of `credit` finished on this worker.
+    #[inline]
+    pub(crate) fn release_credit(&self, credit: CreditRef) {
+        let n = match self.pending.get() {
+            Some((c, n)) if c == credit => n + 1,
+            other => {
+                self.flush_credit_of(other);
+                1
+            }
+        };
+        if n >= credit.batch() {
+            self.pending.set(None);
+            // SAFETY: the `n` finished messages each held a unit.
+            unsafe { credit.release(n) };
+        } else {
+            self.pending.set(Some((credit, n)));
+        }
+    }
+
+    /// A message holding a unit of `credit` is about to start: give back
+    /// what other receivers are owed first, so a long handler never sits on
+    /// them.
+    #[inline]
+    pub(crate) fn before_start(&self, credit: CreditRef) {
+        if let Some((c, _)) = self.pending.get() {
+            if c != credit {
+                self.flush_credit();
+            }
+        }
+    }
+
+    /// Gives back every unit held back.
+    pub(crate) fn flush_credit(&self) {
+        let pending = self.pending.take();
+        self.flush_credit_of(pending);
+    }
+
+    fn flush_credit_of(&self, pending: Option<(CreditRef, u64)>) {
+        if let Some((c, n)) = pending {
+            self.pending.set(None);
+            // SAFETY: the `n` finished messages each held a unit.
+            unsafe { c.release(n) };
+        }
+    }
 }
 
 // loom's `thread_local!` does not take a `const { }` initializer.
@@ -185,6 +236,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         shared: &shared,
         index,
         idle: RefCell::new(VecDeque::new()),
+        pending: Cell::new(None),
     };
     // Allow a spin on the first idle period.
     let mut last_wait = Duration::ZERO;
@@ -196,6 +248,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
                 task.run(&cx);
             }
         }
+        // Out of work: give back held-back credit before waiting.
+        cx.flush_credit();
         let st = shared.state();
         if shared.should_exit(st) {
             break;
@@ -229,6 +283,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             last_wait = start.elapsed();
         }
     }
+    cx.flush_credit();
     // Retire the idle mailboxes kept for reuse (they hold their dispatcher).
     cx.retire_idle(0);
     // Forced stop: cancel whatever was pushed meanwhile.
