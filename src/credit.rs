@@ -272,6 +272,14 @@ impl<'a> Acquire<'a> {
                 self.leave_queue(true);
                 return true;
             }
+            if self.id.is_none() {
+                // About to wait: a worker running this (a handler submitting)
+                // must not sit on units it holds back.
+                crate::worker::flush_held_credit();
+                if self.credit.try_acquire() {
+                    return true;
+                }
+            }
             let mut w = self.credit.waiters.lock();
             match self.id {
                 Some(id) => match w.queue.iter_mut().find(|(i, _)| *i == id) {

@@ -213,9 +213,28 @@ mod current {
     crate::sync::thread_local! {
         /// The executor (its `Shared` address) whose worker this thread is, or 0.
         pub(super) static CURRENT: Cell<usize> = Cell::new(0);
+        /// This worker thread's `WorkerCx` (it lives on the thread's stack for
+        /// as long as the worker runs), or null.
+        pub(super) static CX: Cell<*const ()> = Cell::new(std::ptr::null());
     }
 }
-use current::CURRENT;
+use current::{CURRENT, CX};
+
+/// A submitter is about to wait for credit. If it runs on a worker (a handler
+/// submitting), give back the units that worker holds back first: they may
+/// be the very ones it waits for.
+pub(crate) fn flush_held_credit() {
+    CX.with(|cx| {
+        let cx = cx.get().cast::<WorkerCx<'static>>();
+        if !cx.is_null() {
+            // SAFETY: `CX` is set only on a worker thread, to its `WorkerCx`,
+            // which outlives every call made from that thread while it is set
+            // (it is cleared before the `WorkerCx` is dropped). `Cell`-only
+            // access: no borrow of it is live across a handler call.
+            unsafe { (*cx).flush_credit() };
+        }
+    });
+}
 
 /// Whether the current thread is a worker of the executor at `shared_id`.
 pub(crate) fn on_worker_of(shared_id: usize) -> bool {
@@ -238,6 +257,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         idle: RefCell::new(VecDeque::new()),
         pending: Cell::new(None),
     };
+    CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
     // Allow a spin on the first idle period.
     let mut last_wait = Duration::ZERO;
     loop {
@@ -294,6 +314,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     if let Some(hook) = &shared.config.on_thread_stop {
         hook();
     }
+    CX.with(|c| c.set(std::ptr::null()));
     CURRENT.with(|c| c.set(0));
     shared.worker_exited();
 }
