@@ -29,6 +29,7 @@ use crate::receiver::{Credit, Receiver};
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex};
 use crate::task::Task;
+use crate::trace;
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
 type PanicHook<K> = Box<dyn Fn(&K, Panic) + Send + Sync + 'static>;
@@ -130,7 +131,10 @@ where
         let counters = &self.shared.workers[worker].counters;
         match &outcome {
             Ok(_) => counters.done.fetch_add(1, Relaxed),
-            Err(TaskError::Panicked(_)) => counters.panicked.fetch_add(1, Relaxed),
+            Err(TaskError::Panicked(p)) => {
+                trace::handler_panicked(worker, p);
+                counters.panicked.fetch_add(1, Relaxed)
+            }
             Err(_) => 0,
         };
         match reply {
@@ -160,6 +164,7 @@ where
         K: Clone,
     {
         let Envelope { msg, reply, credit } = env;
+        trace::message_rejected(reply.is_some());
         match reply {
             Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
             None => {

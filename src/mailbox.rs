@@ -77,6 +77,7 @@ use crate::receiver::Credit;
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex, UnsafeCell};
 use crate::task::{Runnable, Task};
+use crate::trace;
 use crate::waker::{Wake, WakerRef};
 use crate::worker::WorkerCx;
 
@@ -137,7 +138,7 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     queue: Mutex<VecDeque<Envelope<M, H::Output>>>,
     /// The running message's future. Owned by whoever holds `RUNNING` (or
     /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
-    future: UnsafeCell<Option<H::Future>>,
+    future: UnsafeCell<Option<trace::Instrumented<H::Future>>>,
     meta: UnsafeCell<Option<Meta<H::Output, M>>>,
     dispatcher: Arc<DispatcherInner<K, M, H, S>>,
 }
@@ -239,8 +240,14 @@ where
     unsafe fn start(this: &Arc<Self>, env: Envelope<M, H::Output>) -> Step {
         let Envelope { msg, reply, credit } = env;
         let handler = &this.dispatcher.handler;
-        match catch_unwind(AssertUnwindSafe(|| handler.call(&this.key, msg))) {
+        let span = trace::MessageSpan::new(this.hash, this.worker);
+        let called = catch_unwind(AssertUnwindSafe(|| {
+            let _entered = span.enter();
+            handler.call(&this.key, msg)
+        }));
+        match called {
             Ok(fut) => {
+                let fut = trace::instrument(fut, span);
                 // SAFETY: we own the turn (caller's contract).
                 unsafe {
                     this.future.with_mut(|f| ptr::write(f, Some(fut)));

@@ -51,6 +51,23 @@ pub struct ExecutorStats {
     pub rejected: u64,
     /// Suspended futures dropped by a force stop.
     pub cancelled: u64,
+    /// Futures spawned through [`futures_task::Spawn`].
+    pub spawned: SpawnedStats,
     /// Whether a stop began.
     pub closed: bool,
+}
+
+/// Counters of the futures spawned on a [`KeyedExecutor`](crate::KeyedExecutor)
+/// through [`futures_task::Spawn`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SpawnedStats {
+    /// Spawned and not finished (queued, running or pending).
+    pub live: usize,
+    /// Ran to completion.
+    pub done: u64,
+    /// Panicked (the future was dropped; the worker went on).
+    pub panicked: u64,
+    /// Dropped unfinished by a force stop.
+    pub cancelled: u64,
 }
