@@ -193,7 +193,8 @@ fn in_flight_is_per_receiver_and_shared_by_clones() {
         h.wait().unwrap();
     }
     other.wait().unwrap();
-    assert_eq!((a.in_flight(), b.in_flight()), (0, 0));
+    // A completion resolves a moment before its credit unit is released.
+    eventually("credit comes back", || (a.in_flight(), b.in_flight()) == (0, 0));
     assert!(executor.shutdown(Duration::from_secs(5)));
 }
 
