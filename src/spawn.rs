@@ -58,8 +58,8 @@
 //!   runner's later read sees `FORCED` and claims the task back itself.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::fmt;
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -173,7 +173,10 @@ impl Spawned {
 
 /// Spawns `future` on `shared`'s workers, or refuses it once the executor is
 /// closed.
-pub(crate) fn spawn(shared: &Arc<Shared>, future: FutureObj<'static, ()>) -> Result<(), SpawnError> {
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    future: FutureObj<'static, ()>,
+) -> Result<(), SpawnError> {
     let task = {
         let mut reg = shared.spawned.registry.lock();
         // Read under the registry lock: see the module docs, "Lifecycle".
@@ -302,7 +305,11 @@ impl SpawnTask {
 impl Runnable for SpawnTask {
     fn run(this: Arc<Self>, cx: &WorkerCx<'_>) {
         let prev = this.state.swap(RUNNING, SeqCst);
-        debug_assert_eq!(prev & STATE_MASK, SCHEDULED, "ran a task that was not scheduled");
+        debug_assert_eq!(
+            prev & STATE_MASK,
+            SCHEDULED,
+            "ran a task that was not scheduled"
+        );
         if this.shared.is_forced() {
             // SAFETY: we popped a SCHEDULED task: the turn is ours.
             return unsafe { this.end(End::Cancelled) };
@@ -325,7 +332,11 @@ impl Runnable for SpawnTask {
 
     fn cancel(this: Arc<Self>) {
         let prev = this.state.swap(RUNNING, SeqCst);
-        debug_assert_eq!(prev & STATE_MASK, SCHEDULED, "cancelled a task that was not scheduled");
+        debug_assert_eq!(
+            prev & STATE_MASK,
+            SCHEDULED,
+            "cancelled a task that was not scheduled"
+        );
         // SAFETY: it was SCHEDULED and we popped it: the turn is ours.
         unsafe { this.end(End::Cancelled) };
     }

@@ -101,7 +101,11 @@ mod imp {
     }
 
     #[cold]
-    pub(crate) fn shutdown_timed_out(timeout: Duration, live_mailboxes: usize, live_spawned: usize) {
+    pub(crate) fn shutdown_timed_out(
+        timeout: Duration,
+        live_mailboxes: usize,
+        live_spawned: usize,
+    ) {
         tracing::warn!(
             target: "keyed_executor",
             ?timeout,

@@ -28,8 +28,7 @@ fn smol_block_on_submit_await_with_async_io_timers_in_handlers() {
 
 #[test]
 fn submitting_from_smol_tasks() {
-    let (executor, receiver, log) =
-        napping_receiver(2, |_, _| io_nap(Duration::from_micros(100)));
+    let (executor, receiver, log) = napping_receiver(2, |_, _| io_nap(Duration::from_micros(100)));
     let task = smol::spawn(async move { submit_and_await(&receiver, &log).await });
     smol::block_on(task);
     assert!(executor.shutdown(Duration::from_secs(10)));
@@ -73,11 +72,17 @@ fn a_handler_pending_on_an_async_io_timer_keeps_no_worker_busy() {
             Timer::after(Duration::from_millis(1)).await;
         }
         for key in 1..=10 {
-            assert_eq!(receiver.submit(key, ()).await.unwrap().await.unwrap(), "quick");
+            assert_eq!(
+                receiver.submit(key, ()).await.unwrap().await.unwrap(),
+                "quick"
+            );
         }
         assert!(!slow.is_finished());
         while executor.stats().workers[0].state != WorkerState::Parked {
-            assert!(std::time::Instant::now() < deadline, "the worker never parked");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the worker never parked"
+            );
             Timer::after(Duration::from_millis(1)).await;
         }
         release_tx.send(()).unwrap();

@@ -113,7 +113,10 @@ fn a_closed_executor_refuses_spawns() {
         })
         .unwrap_err();
     assert!(err.is_shutdown());
-    assert!(dropped.load(Ordering::SeqCst), "the refused future is dropped");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the refused future is dropped"
+    );
 }
 
 #[test]

@@ -99,7 +99,10 @@ fn handlers_doing_tokio_tcp_io() {
                 let (read, mut write) = socket.into_split();
                 let mut lines = BufReader::new(read).lines();
                 while let Some(line) = lines.next_line().await.unwrap() {
-                    write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+                    write
+                        .write_all(format!("{line}\n").as_bytes())
+                        .await
+                        .unwrap();
                 }
             });
         }
@@ -164,7 +167,10 @@ fn a_handler_pending_on_a_tokio_timer_keeps_no_worker_busy() {
     // With nothing else to do, the only worker parks.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while executor.stats().workers[0].state != WorkerState::Parked {
-        assert!(std::time::Instant::now() < deadline, "the worker never parked");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never parked"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(executor.stats().live_mailboxes, 1, "only key 0 is live");
@@ -237,7 +243,9 @@ fn blocking_wait_from_tokio_on_a_blocking_thread() {
     let (executor, receiver, _log) = napping_receiver(2, |_, _| std::future::ready(()));
     rt.block_on(async move {
         let done = receiver.submit(0, 0).await.unwrap();
-        let out = tokio::task::spawn_blocking(move || done.wait()).await.unwrap();
+        let out = tokio::task::spawn_blocking(move || done.wait())
+            .await
+            .unwrap();
         assert_eq!(out.unwrap(), 0);
         let done = receiver.submit(0, 1).await.unwrap();
         let out = tokio::task::block_in_place(move || done.wait());

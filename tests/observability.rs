@@ -109,7 +109,9 @@ fn stats_count_every_outcome() {
     eventually("key 0 runs, key 1 retired", || {
         entered.load(Ordering::SeqCst) == 1 && dispatcher.live_mailboxes() == 1
     });
-    let queued: Vec<_> = (2..5).map(|k| receiver.submit_blocking(k, k).unwrap()).collect();
+    let queued: Vec<_> = (2..5)
+        .map(|k| receiver.submit_blocking(k, k).unwrap())
+        .collect();
     let stats = executor.stats();
     assert_eq!(stats.workers.len(), 1);
     assert_eq!(stats.workers[0].state, WorkerState::Running);
@@ -126,7 +128,9 @@ fn stats_count_every_outcome() {
         let executor = executor.clone();
         std::thread::spawn(move || executor.shutdown_now())
     };
-    eventually("the stop handed the queue back", || executor.stats().rejected == 3);
+    eventually("the stop handed the queue back", || {
+        executor.stats().rejected == 3
+    });
     gate.open();
     stopper.join().unwrap();
     for (k, done) in (2..5).zip(queued) {
@@ -168,7 +172,10 @@ fn stats_count_cancelled_futures_and_parks() {
     });
     let before = executor.stats().workers[0].unparks;
     receiver.submit_blocking(2, ()).unwrap().wait().unwrap();
-    assert!(executor.stats().workers[0].unparks > before, "the submit woke it");
+    assert!(
+        executor.stats().workers[0].unparks > before,
+        "the submit woke it"
+    );
     executor.shutdown_now();
     assert!(pending.wait().unwrap_err().is_cancelled());
     assert_eq!(executor.stats().cancelled, 1);
@@ -194,7 +201,9 @@ fn in_flight_is_per_receiver_and_shared_by_clones() {
     }
     other.wait().unwrap();
     // A completion resolves a moment before its credit unit is released.
-    eventually("credit comes back", || (a.in_flight(), b.in_flight()) == (0, 0));
+    eventually("credit comes back", || {
+        (a.in_flight(), b.in_flight()) == (0, 0)
+    });
     assert!(executor.shutdown(Duration::from_secs(5)));
 }
 
@@ -217,6 +226,10 @@ fn spin_hits_are_counted_only_with_spin() {
         receiver.submit_blocking(1, ()).unwrap().wait().unwrap();
     }
     assert_eq!(counter.load(Ordering::Relaxed), 20);
-    assert_eq!(executor.stats().workers[0].spin_hits, 0, "spin is zero: never spins");
+    assert_eq!(
+        executor.stats().workers[0].spin_hits,
+        0,
+        "spin is zero: never spins"
+    );
     assert!(executor.shutdown(Duration::from_secs(5)));
 }

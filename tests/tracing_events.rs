@@ -123,7 +123,10 @@ fn spans_and_events() {
         .unwrap();
     assert_eq!(receiver.submit_blocking(1, 1).unwrap().wait().unwrap(), 1);
     let seen = capture.take();
-    let span = seen.iter().find(|s| s.kind == "span").expect("a message span");
+    let span = seen
+        .iter()
+        .find(|s| s.kind == "span")
+        .expect("a message span");
     assert_eq!((span.level, span.text.as_str()), (Level::DEBUG, "message"));
     assert_eq!(span.target, "keyed_executor");
     for text in ["before await 1", "after await 1"] {
@@ -158,7 +161,9 @@ fn spans_and_events() {
         .receiver(8)
         .unwrap();
     let running = receiver.submit_blocking(1, 0).unwrap();
-    let queued: Vec<_> = (1..4).map(|n| receiver.submit_blocking(1, n).unwrap()).collect();
+    let queued: Vec<_> = (1..4)
+        .map(|n| receiver.submit_blocking(1, n).unwrap())
+        .collect();
     // A graceful stop that cannot finish (key 1 is blocked): WARN.
     assert!(!executor.shutdown(Duration::from_millis(10)));
     let seen = capture.take();
@@ -191,7 +196,12 @@ fn spans_and_events() {
         .on_commit(|_, _| Err("view store down".into()))
         .build()
         .unwrap();
-    assert_eq!(lanes.execute_blocking(1, 5, Duration::from_secs(5)).unwrap(), 5);
+    assert_eq!(
+        lanes
+            .execute_blocking(1, 5, Duration::from_secs(5))
+            .unwrap(),
+        5
+    );
     let seen = capture.take();
     let e = find(&seen, Level::WARN, "view store down").expect("lanes event");
     assert_eq!(e.target, "keyed_executor::lanes");

@@ -63,10 +63,7 @@ impl OrderLog {
 
 /// An async handler that logs each message around `nap(key, seq).await`,
 /// returning the message's sequence number.
-pub fn napping_handler<F, Fut>(
-    log: &OrderLog,
-    nap: F,
-) -> impl Handler<u32, u32, Output = u32>
+pub fn napping_handler<F, Fut>(log: &OrderLog, nap: F) -> impl Handler<u32, u32, Output = u32>
 where
     F: Fn(u32, u32) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -157,7 +154,10 @@ pub fn submit_and_wait(receiver: &Receiver<u32, u32, u32>, log: &OrderLog) {
 fn credit_returns(receiver: &Receiver<u32, u32, u32>) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while receiver.in_flight() != 0 {
-        assert!(std::time::Instant::now() < deadline, "credit never came back");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "credit never came back"
+        );
         std::thread::yield_now();
     }
 }
