@@ -321,13 +321,13 @@ impl Runnable for SpawnTask {
             let future = unsafe { (*f).as_mut() }.expect("a scheduled task has its future");
             catch_unwind(AssertUnwindSafe(|| Pin::new(future).poll(&mut task_cx)))
         });
-        drop(waker);
-        match polled {
-            Ok(Poll::Pending) => Self::after_pending(this, cx),
-            // SAFETY (both arms): we own the turn.
-            Ok(Poll::Ready(())) => unsafe { this.end(End::Done) },
-            Err(payload) => unsafe { this.end(End::Panicked(Panic::new(payload))) },
-        }
+        let end = match polled {
+            Ok(Poll::Pending) => return Self::after_pending(this, cx),
+            Ok(Poll::Ready(())) => End::Done,
+            Err(payload) => End::Panicked(Panic::new(payload)),
+        };
+        // SAFETY: still RUNNING: we own the turn.
+        unsafe { this.end(end) }
     }
 
     fn cancel(this: Arc<Self>) {

@@ -24,7 +24,10 @@ pub const PER_KEY: u32 = 12;
 /// Records, per key, the message running now and the ones finished, and
 /// fails the test on an overlap or an out-of-order message.
 #[derive(Clone, Default)]
-pub struct OrderLog(Arc<Mutex<HashMap<u32, (Option<u32>, Vec<u32>)>>>);
+pub struct OrderLog(Arc<Mutex<HashMap<u32, KeyLog>>>);
+
+/// Per key: the message running now, the ones finished.
+type KeyLog = (Option<u32>, Vec<u32>);
 
 impl OrderLog {
     pub fn enter(&self, key: u32, seq: u32) {
