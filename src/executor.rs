@@ -363,6 +363,10 @@ impl Shared {
 /// threads: queued messages are handed back as rejected and suspended
 /// futures cancelled. Dispatchers and receivers do not keep it alive.
 ///
+/// It also implements [`futures_task::Spawn`]: `futures::task::SpawnExt`'s
+/// `spawn` and `spawn_with_handle` run unkeyed futures on the same workers
+/// (see the impl's docs for how they take part in shutdown).
+///
 /// [`shutdown`]: KeyedExecutor::shutdown
 /// [`shutdown_now`]: KeyedExecutor::shutdown_now
 ///
