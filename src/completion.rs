@@ -95,7 +95,14 @@ impl<O, M> Slot<O, M> {
 /// [`is_terminated`](Self::is_terminated) is true.
 ///
 /// Calling `wait` inside an async task blocks that task's thread until the
-/// message finishes; prefer `.await` there.
+/// message finishes; prefer `.await` there, or call it on a blocking thread
+/// (tokio's `spawn_blocking`). On a current-thread runtime, blocking its only
+/// thread on a handler that awaits that runtime's timers or sockets never
+/// returns: the runtime cannot run while its thread waits.
+///
+/// It does not implement `futures::future::FusedFuture` (the crate does not
+/// depend on `futures-core`); in `futures::select!`, wrap it with
+/// `FutureExt::fuse`.
 ///
 /// ```
 /// use keyed_executor::{handler, KeyedExecutor};

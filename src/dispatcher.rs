@@ -30,6 +30,7 @@ use crate::receiver::Receiver;
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex};
 use crate::task::Task;
+use crate::trace;
 use crate::worker::WorkerCx;
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
@@ -145,25 +146,36 @@ where
             Ok(_) => counters
                 .done
                 .store(counters.done.load(Relaxed) + 1, Relaxed),
-            Err(TaskError::Panicked(_)) => counters
-                .panicked
-                .store(counters.panicked.load(Relaxed) + 1, Relaxed),
+            Err(TaskError::Panicked(p)) => {
+                trace::handler_panicked(worker, p);
+                counters
+                    .panicked
+                    .store(counters.panicked.load(Relaxed) + 1, Relaxed)
+            }
             Err(_) => {}
         }
         match reply {
-            Some(slot) => slot.complete(outcome),
+            Some(slot) => {
+                // Give the unit back before the completion resolves, so a
+                // caller that saw its message finish can submit again at once.
+                // SAFETY: the finished message held this unit.
+                unsafe { credit.release(1) };
+                slot.complete(outcome);
+            }
             None => {
                 if let Err(TaskError::Panicked(p)) = outcome {
                     if let Some(hook) = &self.on_panic {
                         let _ = catch_unwind(AssertUnwindSafe(|| hook(key, p)));
                     }
                 }
+                // Nobody watches a fire-and-forget message finish: its unit
+                // may come back in a small batch (see `WorkerCx::pending`).
+                match cx {
+                    Some(cx) => cx.release_credit(credit),
+                    // SAFETY: the finished message held this unit.
+                    None => unsafe { credit.release(1) },
+                }
             }
-        }
-        match cx {
-            Some(cx) => cx.release_credit(credit),
-            // SAFETY: the finished message held this unit.
-            None => unsafe { credit.release(1) },
         }
     }
 
@@ -181,6 +193,11 @@ where
         K: Clone,
     {
         let Envelope { msg, reply, credit } = env;
+        trace::message_rejected(reply.is_some());
+        self.shared.rejected.fetch_add(1, Relaxed);
+        // SAFETY: the rejected message held this unit; given back first so a
+        // caller that sees the rejection sees the unit back.
+        unsafe { credit.release(1) };
         match reply {
             Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
             None => {
@@ -190,13 +207,23 @@ where
                 }
             }
         }
-        self.shared.rejected.fetch_add(1, Relaxed);
-        // SAFETY: the rejected message held this unit.
-        unsafe { credit.release(1) };
     }
 
-    fn live_mailboxes(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+    /// (mailboxes with work, idle mailboxes kept for reuse, all entries).
+    fn count_mailboxes(&self) -> (usize, usize, usize) {
+        let (mut live, mut idle, mut all) = (0, 0, 0);
+        for shard in self.shards.iter() {
+            let set = shard.lock();
+            all += set.len();
+            for m in set.iter() {
+                if m.0.is_at_rest() {
+                    idle += usize::from(!m.0.is_closed());
+                } else {
+                    live += 1;
+                }
+            }
+        }
+        (live, idle, all)
     }
 }
 
@@ -208,7 +235,8 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     /// No mailbox has work (idle ones waiting to be retired and closed
     /// leftovers do not count).
     fn is_drained(&self) -> bool;
-    fn live_mailboxes(&self) -> usize;
+    /// (mailboxes with work, idle mailboxes kept for reuse, map entries).
+    fn count_mailboxes(&self) -> (usize, usize, usize);
     fn id(&self) -> u64;
     fn clone_box(&self) -> Box<dyn StopTarget>;
 }
@@ -240,8 +268,8 @@ where
             .all(|s| s.lock().iter().all(|m| m.0.is_at_rest()))
     }
 
-    fn live_mailboxes(&self) -> usize {
-        self.0.live_mailboxes()
+    fn count_mailboxes(&self) -> (usize, usize, usize) {
+        self.0.count_mailboxes()
     }
 
     fn id(&self) -> u64 {
@@ -296,7 +324,7 @@ where
     }
 
     fn live_mailboxes(&self) -> usize {
-        self.0.live_mailboxes()
+        self.0.count_mailboxes().0
     }
 
     fn clone_box(&self) -> Box<dyn Core<K, M, H::Output>> {
@@ -352,7 +380,12 @@ impl<K, M, O> Dispatcher<K, M, O> {
         Receiver::new(self.core.clone_box(), DEFAULT_MAX_IN_FLIGHT)
     }
 
-    /// Keys with a live mailbox right now (work queued, running or suspended).
+    /// Keys with work right now: a mailbox with messages queued, running,
+    /// or suspended on a future. (A mailbox that went idle is kept a short
+    /// while for the key's next message and is not counted; see
+    /// [`ExecutorStats::idle_mailboxes`](crate::ExecutorStats::idle_mailboxes).)
+    /// Counting visits every mailbox: cheap enough to poll now and then, not
+    /// per message.
     pub fn live_mailboxes(&self) -> usize {
         self.core.live_mailboxes()
     }

@@ -88,6 +88,7 @@ use crate::handler::Handler;
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex, UnsafeCell};
 use crate::task::{Runnable, Task};
+use crate::trace;
 use crate::waker::{Wake, WakerRef};
 use crate::worker::WorkerCx;
 
@@ -150,7 +151,7 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     queue: Mutex<VecDeque<Envelope<M, H::Output>>>,
     /// The running message's future. Owned by whoever holds `RUNNING` (or
     /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
-    future: UnsafeCell<Option<H::Future>>,
+    future: UnsafeCell<Option<trace::Instrumented<H::Future>>>,
     meta: UnsafeCell<Option<Meta<H::Output, M>>>,
     /// Whether the mailbox is in its worker's idle list. Only its worker
     /// thread reads or writes it.
@@ -274,7 +275,7 @@ where
         }
         if self
             .state
-            .compare_exchange(SUSPENDED, CLOSED, AcqRel, Acquire)
+            .compare_exchange(SUSPENDED, CLOSED, SeqCst, Acquire)
             .is_ok()
         {
             // SAFETY: the CAS made us the owner of the suspended mailbox.
@@ -297,8 +298,14 @@ where
         let Envelope { msg, reply, credit } = env;
         cx.before_start(credit);
         let handler = &this.dispatcher.handler;
-        match catch_unwind(AssertUnwindSafe(|| handler.call(&this.key, msg))) {
+        let span = trace::MessageSpan::new(this.hash, this.worker);
+        let called = catch_unwind(AssertUnwindSafe(|| {
+            let _entered = span.enter();
+            handler.call(&this.key, msg)
+        }));
+        match called {
             Ok(fut) => {
+                let fut = trace::instrument(fut, span);
                 // SAFETY: we own the turn (caller's contract).
                 unsafe {
                     this.future.with_mut(|f| ptr::write(f, Some(fut)));
@@ -433,6 +440,11 @@ where
     }
 
     /// `RUNNING` → `SUSPENDED`, or → `SCHEDULED` if woken during the poll.
+    ///
+    /// Against a force stop this is the store-buffering pattern: we CAS the
+    /// state then load `FORCED`; the stopper sets `FORCED` then CASes the
+    /// state. All four are SeqCst, so at least one side sees the other and
+    /// the suspended future is cancelled exactly once (by whichever CAS wins).
     fn after_pending(this: Arc<Self>, cx: &WorkerCx<'_>) {
         if this.dispatcher.shared.is_forced() {
             // SAFETY: we still own the turn.
@@ -448,7 +460,7 @@ where
                 if this.dispatcher.shared.is_forced()
                     && this
                         .state
-                        .compare_exchange(SUSPENDED, CLOSED, AcqRel, Acquire)
+                        .compare_exchange(SUSPENDED, CLOSED, SeqCst, Acquire)
                         .is_ok()
                 {
                     // SAFETY: the CAS made us the owner again.
@@ -467,7 +479,7 @@ where
             } else {
                 (SUSPENDED, AfterPending::Suspended)
             };
-            match self.state.compare_exchange(cur, next, AcqRel, Acquire) {
+            match self.state.compare_exchange(cur, next, SeqCst, Acquire) {
                 Ok(_) => return res,
                 Err(actual) => cur = actual,
             }

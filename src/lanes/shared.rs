@@ -319,14 +319,15 @@ impl<K: Kernel> Shared<K> {
         }
     }
 
-    /// Reports an event to the hook, or to standard error.
+    /// Reports an event to the hook, or without one to standard error (with
+    /// the `tracing` feature: a WARN event).
     pub(crate) fn emit(&self, event: &LanesEvent<'_, K::Key>) {
         match &self.on_event {
             Some(hook) => {
                 // A panicking log hook must not take a lane down with it.
                 let _ = catch_unwind(AssertUnwindSafe(|| hook(event)));
             }
-            None => eprintln!("keyed-executor lanes: {event}"),
+            None => crate::trace::lanes_event(&event),
         }
     }
 
