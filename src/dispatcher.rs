@@ -81,8 +81,15 @@ where
                 existing.0.push(env);
                 return Ok(());
             }
-            // A closed mailbox left behind (its key's `Hash` panicked while it
-            // retired): replace it.
+            // A closed mailbox still in the map: either a force stop closed
+            // it after our check above (a runner saw FORCED), and the stop's
+            // walk will hand back its queue, so it must stay and we refuse;
+            // or one was left behind (its key's `Hash` panicked while it
+            // retired): replace it. A runner only closes a mailbox it finds
+            // forced after FORCED is set, so this re-check sees the flag.
+            if this.shared.is_closed() {
+                return Err(env);
+            }
             set.remove(&key);
         }
         let worker = this.shared.pick_worker();
