@@ -391,7 +391,12 @@ impl<K, M, O> Receiver<K, M, O> {
             reply: slot.clone(),
             credit: self.credit.clone(),
         };
-        match self.core.enqueue(key, env) {
+        // The key's `Hash` and `Eq` run inside: if they panic, the panic
+        // goes to the caller with the message, and the unit comes back.
+        let unit = ReleaseOnUnwind(&self.credit);
+        let enqueued = self.core.enqueue(key, env);
+        std::mem::forget(unit);
+        match enqueued {
             Ok(()) => Ok(slot.map(Completion::new)),
             Err(env) => {
                 let Envelope { msg, credit, .. } = env;
@@ -399,6 +404,16 @@ impl<K, M, O> Receiver<K, M, O> {
                 Err(SubmitError::Closed(msg))
             }
         }
+    }
+}
+
+/// Gives back one credit unit when dropped: armed while user code that may
+/// panic runs between taking a unit and handing it to an envelope.
+struct ReleaseOnUnwind<'a>(&'a Credit);
+
+impl Drop for ReleaseOnUnwind<'_> {
+    fn drop(&mut self) {
+        self.0.release(1);
     }
 }
 
