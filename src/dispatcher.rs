@@ -143,11 +143,15 @@ where
         match reply {
             Some(slot) => slot.complete(outcome),
             None => {
-                if let Err(TaskError::Panicked(p)) = outcome {
-                    if let Some(hook) = &self.on_panic {
-                        let _ = catch_unwind(AssertUnwindSafe(|| hook(key, p)));
+                // The hook and the drop of the output (or of the panic's
+                // payload) are user code: contain them, here on the worker.
+                let _ = catch_unwind(AssertUnwindSafe(move || {
+                    if let Err(TaskError::Panicked(p)) = outcome {
+                        if let Some(hook) = &self.on_panic {
+                            hook(key, p);
+                        }
                     }
-                }
+                }));
             }
         }
         credit.release(1);
@@ -170,10 +174,14 @@ where
         match reply {
             Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
             None => {
-                if let Some(hook) = &self.on_reject {
-                    let key = key.clone();
-                    let _ = catch_unwind(AssertUnwindSafe(|| hook(key, msg)));
-                }
+                // The hook, the key's `Clone` and (without a hook) the drop of
+                // the message are user code: contain them, here on the
+                // stopping thread, so the stop goes on with the rest.
+                let _ = catch_unwind(AssertUnwindSafe(move || {
+                    if let Some(hook) = &self.on_reject {
+                        hook(key.clone(), msg);
+                    }
+                }));
             }
         }
         self.shared.rejected.fetch_add(1, Relaxed);
