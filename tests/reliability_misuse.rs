@@ -469,6 +469,8 @@ fn a_future_that_panics_on_drop_leaves_the_worker_alive_and_its_outcome_delivere
     eventually("workers gone", || threads_named(&prefix) == 0);
 }
 
+static BLOCKER_IN: AtomicBool = AtomicBool::new(false);
+
 /// Regression: an output (or a rejected message) whose `Drop` panics, dropped
 /// by the crate because nobody holds its completion, used to unwind into the
 /// worker (the thread died and the pool never stopped) or out of
@@ -483,17 +485,24 @@ fn outputs_and_messages_that_panic_on_drop_do_not_kill_workers_or_stops() {
         .build()
         .unwrap();
     let gate = Gate::new();
-    let g = gate.clone();
+    let first = Gate::new();
+    let (g, g1) = (gate.clone(), first.clone());
     let d = executor.dispatcher(handler::from_fn(move |_k: &u32, m: PanicOnDrop| {
         let n = m.0;
         std::mem::forget(m);
+        if n == 1 {
+            g1.wait();
+        }
         if n == 50 {
+            BLOCKER_IN.store(true, SeqCst);
             g.wait();
         }
         PanicOnDrop(n)
     }));
     let r = d.receiver(16).unwrap();
-    drop(r.submit_blocking(1, PanicOnDrop(1)).unwrap()); // output dropped on the worker
+    // Output dropped on the worker (the handle is gone before it finishes).
+    drop(r.submit_blocking(1, PanicOnDrop(1)).unwrap());
+    first.open();
     r.send(1, PanicOnDrop(2)).unwrap(); // output of a send dropped on the worker
     let h = r.submit_blocking(2, PanicOnDrop(3)).unwrap();
     std::mem::forget(h.wait().unwrap()); // still delivered, worker alive
@@ -505,6 +514,7 @@ fn outputs_and_messages_that_panic_on_drop_do_not_kill_workers_or_stops() {
     drop(r.submit_blocking(3, PanicOnDrop(51)).unwrap());
     r.send(3, PanicOnDrop(52)).unwrap();
     let kept = r.submit_blocking(3, PanicOnDrop(53)).unwrap();
+    eventually("the blocker runs", || BLOCKER_IN.load(SeqCst));
     let stopper = {
         let ex = executor.clone();
         std::thread::spawn(move || ex.shutdown_now())
