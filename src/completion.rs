@@ -28,6 +28,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -72,7 +73,10 @@ impl<O, M> Slot<O, M> {
         st.done = true;
         if !st.handle {
             drop(st);
-            drop(outcome);
+            // The output (or the rejected message) has a user `Drop`, run
+            // here on a worker or a stopping thread: a panic in it must not
+            // unwind into the executor.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(outcome)));
             return;
         }
         st.value = Some(outcome);

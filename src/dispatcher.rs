@@ -88,8 +88,15 @@ where
                 }
                 return Ok(());
             }
-            // A closed mailbox left behind (its key's `Hash` panicked while it
-            // retired): replace it.
+            // A closed mailbox still in the map: either a force stop closed
+            // it after our check above (a runner saw FORCED), and the stop's
+            // walk will hand back its queue, so it must stay and we refuse;
+            // or one was left behind (its key's `Hash` panicked while it
+            // retired): replace it. A runner only closes a mailbox it finds
+            // forced after FORCED is set, so this re-check sees the flag.
+            if this.shared.is_closed() {
+                return Err(env);
+            }
             set.remove(&key);
         }
         let worker = this.shared.pick_worker();
@@ -163,11 +170,15 @@ where
                 slot.complete(outcome);
             }
             None => {
-                if let Err(TaskError::Panicked(p)) = outcome {
-                    if let Some(hook) = &self.on_panic {
-                        let _ = catch_unwind(AssertUnwindSafe(|| hook(key, p)));
+                // The hook and the drop of the output (or of the panic's
+                // payload) are user code: contain them, here on the worker.
+                let _ = catch_unwind(AssertUnwindSafe(move || {
+                    if let Err(TaskError::Panicked(p)) = outcome {
+                        if let Some(hook) = &self.on_panic {
+                            hook(key, p);
+                        }
                     }
-                }
+                }));
                 // Nobody watches a fire-and-forget message finish: its unit
                 // may come back in a small batch (see `WorkerCx::pending`).
                 match cx {
@@ -201,10 +212,14 @@ where
         match reply {
             Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
             None => {
-                if let Some(hook) = &self.on_reject {
-                    let key = key.clone();
-                    let _ = catch_unwind(AssertUnwindSafe(|| hook(key, msg)));
-                }
+                // The hook, the key's `Clone` and (without a hook) the drop of
+                // the message are user code: contain them, here on the
+                // stopping thread, so the stop goes on with the rest.
+                let _ = catch_unwind(AssertUnwindSafe(move || {
+                    if let Some(hook) = &self.on_reject {
+                        hook(key.clone(), msg);
+                    }
+                }));
             }
         }
     }

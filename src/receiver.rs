@@ -208,6 +208,8 @@ impl<K, M, O> Receiver<K, M, O> {
             reply: slot.clone(),
             credit: self.credit.as_ref(),
         };
+        // The key's `Hash` and `Eq` run inside: if they panic, the panic
+        // goes to the caller with the message, and the unit comes back.
         let unwind = Unwind(&self.credit);
         let res = self.core.enqueue(key, env);
         std::mem::forget(unwind);

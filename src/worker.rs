@@ -21,6 +21,9 @@
 //! state`. By the SeqCst fences, either the pusher sees `PARKED` (and wakes
 //! it) or the worker sees the pushed task (and cancels its park). Stops set
 //! the executor state first and then wake every parked worker the same way.
+//! During a graceful stop, the runner that retires a mailbox wakes the parked
+//! workers after removing it, so a worker going to sleep also re-checks,
+//! after its fence, whether everything drained.
 //!
 //! # Spin then park
 //!
@@ -288,10 +291,12 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
                 continue;
             }
         }
-        // Park: announce, then re-check everything a waker would publish.
+        // Park: announce, then re-check everything a waker would publish:
+        // a push, a stop, and (during a graceful stop) the retirement of the
+        // last mailbox, whose retirer wakes only workers it sees parked.
         me.state.swap(PARKED, SeqCst);
         fence(SeqCst);
-        if !me.queue.is_empty() || shared.state() != st {
+        if !me.queue.is_empty() || shared.state() != st || shared.should_exit(st) {
             // Cancel the park. If a waker already flipped us to RUNNING it
             // also unparked us: the stale token only costs a spurious wake.
             let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
