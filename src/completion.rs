@@ -28,6 +28,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -72,7 +73,10 @@ impl<O, M> Slot<O, M> {
         st.done = true;
         if !st.handle {
             drop(st);
-            drop(outcome);
+            // The output (or the rejected message) has a user `Drop`, run
+            // here on a worker or a stopping thread: a panic in it must not
+            // unwind into the executor.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(outcome)));
             return;
         }
         st.value = Some(outcome);
@@ -95,7 +99,14 @@ impl<O, M> Slot<O, M> {
 /// [`is_terminated`](Self::is_terminated) is true.
 ///
 /// Calling `wait` inside an async task blocks that task's thread until the
-/// message finishes; prefer `.await` there.
+/// message finishes; prefer `.await` there, or call it on a blocking thread
+/// (tokio's `spawn_blocking`). On a current-thread runtime, blocking its only
+/// thread on a handler that awaits that runtime's timers or sockets never
+/// returns: the runtime cannot run while its thread waits.
+///
+/// It does not implement `futures::future::FusedFuture` (the crate does not
+/// depend on `futures-core`); in `futures::select!`, wrap it with
+/// `FutureExt::fuse`.
 ///
 /// ```
 /// use keyed_executor::{handler, KeyedExecutor};

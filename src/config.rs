@@ -148,12 +148,46 @@ impl Builder {
     }
 
     /// Runs on each worker thread when it starts, before it takes work.
+    /// Every worker's hook has returned before [`build`](Self::build)
+    /// returns.
+    ///
+    /// The place to set up what handlers expect to find on their thread:
+    /// thread-locals, a logging or tracing context, or an async runtime's
+    /// context. For tokio, entering the runtime once per worker lets handler
+    /// futures create tokio timers and sockets (`EnterGuard` is `!Send` and
+    /// borrows the handle; forgetting it keeps the context for the thread's
+    /// life and leaks nothing on a fresh thread):
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_executor::{handler, KeyedExecutor};
+    ///
+    /// let rt = tokio::runtime::Runtime::new()?;
+    /// let handle = rt.handle().clone();
+    /// let executor = KeyedExecutor::builder()
+    ///     .workers(2)
+    ///     .on_thread_start(move || std::mem::forget(handle.enter()))
+    ///     .build()?;
+    /// let receiver = executor
+    ///     .dispatcher(handler::from_async_fn(|_key: u32, ms: u64| async move {
+    ///         tokio::time::sleep(Duration::from_millis(ms)).await; // needs the context
+    ///         ms
+    ///     }))
+    ///     .receiver(16)?;
+    /// let done = receiver.submit_blocking(1, 5)?;
+    /// assert_eq!(rt.block_on(done)?, 5);
+    /// assert!(executor.shutdown(Duration::from_secs(5))); // before the runtime goes
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn on_thread_start(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_thread_start = Some(StdArc::new(f));
         self
     }
 
-    /// Runs on each worker thread just before it exits.
+    /// Runs on each worker thread just before it exits. When
+    /// [`shutdown`](KeyedExecutor::shutdown) returns `true`, or
+    /// [`shutdown_now`](KeyedExecutor::shutdown_now) returns (called from
+    /// outside the pool), every worker's hook has returned.
     pub fn on_thread_stop(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_thread_stop = Some(StdArc::new(f));
         self

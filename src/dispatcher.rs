@@ -21,14 +21,17 @@ use crossbeam_utils::CachePadded;
 
 use crate::completion::{Outcome, Slot};
 use crate::config::DEFAULT_MAX_IN_FLIGHT;
+use crate::credit::CreditRef;
 use crate::error::{ConfigError, Panic, TaskError};
 use crate::executor::{KeyedExecutor, Shared};
 use crate::handler::Handler;
-use crate::mailbox::{Envelope, Mailbox, MailboxRef, Retire};
-use crate::receiver::{Credit, Receiver};
+use crate::mailbox::{Envelope, Mailbox, MailboxRef, Push, Retire};
+use crate::receiver::Receiver;
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex};
 use crate::task::Task;
+use crate::trace;
+use crate::worker::WorkerCx;
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
 type PanicHook<K> = Box<dyn Fn(&K, Panic) + Send + Sync + 'static>;
@@ -78,18 +81,22 @@ where
         }
         if let Some(existing) = set.get(&key) {
             if !existing.0.is_closed() {
-                existing.0.push(env);
+                if let Push::Schedule = existing.0.push(env) {
+                    let mailbox = existing.0.clone();
+                    drop(set);
+                    this.shared.schedule(mailbox.worker(), Task::new(mailbox));
+                }
                 return Ok(());
             }
-            // A mailbox closed by a force stop (a worker cancelled it, or
-            // it stopped between messages) may still hold queued messages
-            // that the stop's walk will hand back: leave it there and refuse.
-            // The stop set the flag before closing it, so we see the flag.
+            // A closed mailbox still in the map: either a force stop closed
+            // it after our check above (a runner saw FORCED), and the stop's
+            // walk will hand back its queue, so it must stay and we refuse;
+            // or one was left behind (its key's `Hash` panicked while it
+            // retired): replace it. A runner only closes a mailbox it finds
+            // forced after FORCED is set, so this re-check sees the flag.
             if this.shared.is_closed() {
                 return Err(env);
             }
-            // Otherwise a closed mailbox left behind (its key's `Hash`
-            // panicked while it retired, with an empty queue): replace it.
             set.remove(&key);
         }
         let worker = this.shared.pick_worker();
@@ -100,11 +107,11 @@ where
         Ok(())
     }
 
-    /// The runner of `mailbox` found it idle: under the shard lock, close it
-    /// and remove it from the map unless a message arrived.
+    /// The worker of an idle `mailbox` retires it: under the shard lock,
+    /// close it and remove it from the map unless a message arrived.
     pub(crate) fn retire(&self, mailbox: &Arc<Mailbox<K, M, H, S>>, hash: u64) -> Retire {
         let mut set = self.shard(hash).lock();
-        if !mailbox.close_if_empty() {
+        if !mailbox.close_if_idle() {
             return Retire::Busy;
         }
         // `Hash`/`Eq` are user code: a panic here must not kill the worker.
@@ -116,6 +123,11 @@ where
                 .is_some_and(|r| Arc::ptr_eq(&r.0, mailbox));
             if ours {
                 set.remove(mailbox.key());
+            }
+            // Give memory back once most keys went quiet.
+            let len = set.len();
+            if set.capacity() > 64 && len * 4 < set.capacity() {
+                set.shrink_to(len * 2);
             }
         }));
         drop(set);
@@ -131,26 +143,51 @@ where
         key: &K,
         worker: usize,
         reply: Option<Arc<Slot<H::Output, M>>>,
-        credit: &Credit,
+        credit: CreditRef,
+        cx: Option<&WorkerCx<'_>>,
         outcome: Outcome<H::Output, M>,
     ) {
         let counters = &self.shared.workers[worker].counters;
         match &outcome {
-            Ok(_) => counters.done.fetch_add(1, Relaxed),
-            Err(TaskError::Panicked(_)) => counters.panicked.fetch_add(1, Relaxed),
-            Err(_) => 0,
-        };
+            // Only this worker's thread writes these two: no RMW needed.
+            Ok(_) => counters
+                .done
+                .store(counters.done.load(Relaxed) + 1, Relaxed),
+            Err(TaskError::Panicked(p)) => {
+                trace::handler_panicked(worker, p);
+                counters
+                    .panicked
+                    .store(counters.panicked.load(Relaxed) + 1, Relaxed)
+            }
+            Err(_) => {}
+        }
         match reply {
-            Some(slot) => slot.complete(outcome),
+            Some(slot) => {
+                // Give the unit back before the completion resolves, so a
+                // caller that saw its message finish can submit again at once.
+                // SAFETY: the finished message held this unit.
+                unsafe { credit.release(1) };
+                slot.complete(outcome);
+            }
             None => {
-                if let Err(TaskError::Panicked(p)) = outcome {
-                    if let Some(hook) = &self.on_panic {
-                        let _ = catch_unwind(AssertUnwindSafe(|| hook(key, p)));
+                // The hook and the drop of the output (or of the panic's
+                // payload) are user code: contain them, here on the worker.
+                let _ = catch_unwind(AssertUnwindSafe(move || {
+                    if let Err(TaskError::Panicked(p)) = outcome {
+                        if let Some(hook) = &self.on_panic {
+                            hook(key, p);
+                        }
                     }
+                }));
+                // Nobody watches a fire-and-forget message finish: its unit
+                // may come back in a small batch (see `WorkerCx::pending`).
+                match cx {
+                    Some(cx) => cx.release_credit(credit),
+                    // SAFETY: the finished message held this unit.
+                    None => unsafe { credit.release(1) },
                 }
             }
         }
-        credit.release(1);
     }
 
     pub(crate) fn cancelled(&self, worker: usize) {
@@ -167,21 +204,41 @@ where
         K: Clone,
     {
         let Envelope { msg, reply, credit } = env;
+        trace::message_rejected(reply.is_some());
+        self.shared.rejected.fetch_add(1, Relaxed);
+        // SAFETY: the rejected message held this unit; given back first so a
+        // caller that sees the rejection sees the unit back.
+        unsafe { credit.release(1) };
         match reply {
             Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
             None => {
-                if let Some(hook) = &self.on_reject {
-                    let key = key.clone();
-                    let _ = catch_unwind(AssertUnwindSafe(|| hook(key, msg)));
+                // The hook, the key's `Clone` and (without a hook) the drop of
+                // the message are user code: contain them, here on the
+                // stopping thread, so the stop goes on with the rest.
+                let _ = catch_unwind(AssertUnwindSafe(move || {
+                    if let Some(hook) = &self.on_reject {
+                        hook(key.clone(), msg);
+                    }
+                }));
+            }
+        }
+    }
+
+    /// (mailboxes with work, idle mailboxes kept for reuse, all entries).
+    fn count_mailboxes(&self) -> (usize, usize, usize) {
+        let (mut live, mut idle, mut all) = (0, 0, 0);
+        for shard in self.shards.iter() {
+            let set = shard.lock();
+            all += set.len();
+            for m in set.iter() {
+                if m.0.is_at_rest() {
+                    idle += usize::from(!m.0.is_closed());
+                } else {
+                    live += 1;
                 }
             }
         }
-        self.shared.rejected.fetch_add(1, Relaxed);
-        credit.release(1);
-    }
-
-    fn live_mailboxes(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        (live, idle, all)
     }
 }
 
@@ -190,9 +247,11 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     /// Force stop: take every mailbox out of the map, reject its queue on
     /// this thread and cancel its suspended future.
     fn force_drain(&self) -> usize;
-    /// No mailbox is alive (a closed leftover does not count).
+    /// No mailbox has work (idle ones waiting to be retired and closed
+    /// leftovers do not count).
     fn is_drained(&self) -> bool;
-    fn live_mailboxes(&self) -> usize;
+    /// (mailboxes with work, idle mailboxes kept for reuse, map entries).
+    fn count_mailboxes(&self) -> (usize, usize, usize);
     fn id(&self) -> u64;
     fn clone_box(&self) -> Box<dyn StopTarget>;
 }
@@ -221,11 +280,11 @@ where
         self.0
             .shards
             .iter()
-            .all(|s| s.lock().iter().all(|m| m.0.is_closed()))
+            .all(|s| s.lock().iter().all(|m| m.0.is_at_rest()))
     }
 
-    fn live_mailboxes(&self) -> usize {
-        self.0.live_mailboxes()
+    fn count_mailboxes(&self) -> (usize, usize, usize) {
+        self.0.count_mailboxes()
     }
 
     fn id(&self) -> u64 {
@@ -280,7 +339,7 @@ where
     }
 
     fn live_mailboxes(&self) -> usize {
-        self.0.live_mailboxes()
+        self.0.count_mailboxes().0
     }
 
     fn clone_box(&self) -> Box<dyn Core<K, M, H::Output>> {
@@ -336,7 +395,12 @@ impl<K, M, O> Dispatcher<K, M, O> {
         Receiver::new(self.core.clone_box(), DEFAULT_MAX_IN_FLIGHT)
     }
 
-    /// Keys with a live mailbox right now (work queued, running or suspended).
+    /// Keys with work right now: a mailbox with messages queued, running,
+    /// or suspended on a future. (A mailbox that went idle is kept a short
+    /// while for the key's next message and is not counted; see
+    /// [`ExecutorStats::idle_mailboxes`](crate::ExecutorStats::idle_mailboxes).)
+    /// Counting visits every mailbox: cheap enough to poll now and then, not
+    /// per message.
     pub fn live_mailboxes(&self) -> usize {
         self.core.live_mailboxes()
     }
@@ -456,6 +520,7 @@ where
     /// Creates the dispatcher on the executor's workers.
     pub fn build(self) -> Dispatcher<K, M, H::Output> {
         let shared = self.executor.shared().clone();
+        #[cfg(not(loom))]
         let shards = (shared.workers.len() * 8).next_power_of_two().clamp(8, 256);
         // Under loom each shard is a mutex that every drained check and
         // force stop locks in turn: two keep the models small and still

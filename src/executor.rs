@@ -50,10 +50,12 @@ use crate::config::{Builder, Config};
 use crate::dispatcher::{Dispatcher, DispatcherBuilder, StopTarget};
 use crate::error::ConfigError;
 use crate::handler::Handler;
+use crate::spawn::Spawned;
 use crate::stats::{ExecutorStats, WorkerState, WorkerStats};
 use crate::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{thread, Arc, Condvar, Mutex};
 use crate::task::Task;
+use crate::trace;
 use crate::worker::{self, Worker, EXITED, PARKED, RUNNING, SPINNING};
 
 const CLOSED: usize = 1;
@@ -84,6 +86,8 @@ pub(crate) struct Shared {
     /// `KeyedExecutor` handles; the last one dropped force-stops the pool.
     owners: AtomicUsize,
     pub(crate) rejected: AtomicU64,
+    /// Futures spawned through `futures_task::Spawn` (see `spawn.rs`).
+    pub(crate) spawned: Spawned,
 }
 
 impl Shared {
@@ -115,10 +119,13 @@ impl Shared {
         state & CLOSED != 0 && self.is_drained()
     }
 
-    /// No dispatcher has a live mailbox.
+    /// No dispatcher has a live mailbox and no spawned future is alive.
     fn is_drained(&self) -> bool {
-        let reg = self.registry.lock();
-        reg.targets.iter().all(|t| t.is_drained())
+        let mailboxes_drained = {
+            let reg = self.registry.lock();
+            reg.targets.iter().all(|t| t.is_drained())
+        };
+        mailboxes_drained && self.spawned.is_drained()
     }
 
     /// The worker for a new mailbox: a running one with nothing queued, else
@@ -201,10 +208,13 @@ impl Shared {
             reg.targets.iter().map(|t| t.clone_box()).collect()
         };
         self.wake_all();
+        let mut rejected = 0;
         for t in &targets {
-            t.force_drain();
+            rejected += t.force_drain();
         }
         drop(targets);
+        let cancelled_spawned = self.spawned.force_cancel();
+        trace::force_stopped(rejected, cancelled_spawned);
         for i in 0..self.workers.len() {
             self.cancel_queue(i);
         }
@@ -290,7 +300,11 @@ impl Shared {
         let removed = {
             let mut reg = self.registry.lock();
             match reg.targets.iter().position(|t| t.id() == id) {
-                Some(i) if reg.targets[i].is_drained() => Some(reg.targets.swap_remove(i)),
+                // Only once its map is empty: an idle mailbox still in the
+                // map holds the dispatcher (it is retired by its worker).
+                Some(i) if reg.targets[i].count_mailboxes().2 == 0 => {
+                    Some(reg.targets.swap_remove(i))
+                }
                 _ => None,
             }
         };
@@ -320,19 +334,24 @@ impl Shared {
                 }
             })
             .collect();
-        let live_mailboxes = {
+        let (live_mailboxes, idle_mailboxes) = {
             let targets: Vec<Box<dyn StopTarget>> = {
                 let reg = self.registry.lock();
                 reg.targets.iter().map(|t| t.clone_box()).collect()
             };
-            targets.iter().map(|t| t.live_mailboxes()).sum()
+            targets.iter().fold((0, 0), |(l, i), t| {
+                let (live, idle, _) = t.count_mailboxes();
+                (l + live, i + idle)
+            })
         };
         ExecutorStats {
+            spawned: self.spawned.stats(),
             done: workers.iter().map(|w| w.done).sum(),
             panicked: workers.iter().map(|w| w.panicked).sum(),
             cancelled: workers.iter().map(|w| w.cancelled).sum(),
             rejected: self.rejected.load(Relaxed),
             live_mailboxes,
+            idle_mailboxes,
             closed: self.is_closed(),
             workers,
         }
@@ -351,6 +370,10 @@ impl Shared {
 /// `KeyedExecutor` handle is dropped, which force-stops it and joins its
 /// threads: queued messages are handed back as rejected and suspended
 /// futures cancelled. Dispatchers and receivers do not keep it alive.
+///
+/// It also implements [`futures_task::Spawn`]: `futures::task::SpawnExt`'s
+/// `spawn` and `spawn_with_handle` run unkeyed futures on the same workers
+/// (see the impl's docs for how they take part in shutdown).
 ///
 /// [`shutdown`]: KeyedExecutor::shutdown
 /// [`shutdown_now`]: KeyedExecutor::shutdown_now
@@ -409,6 +432,7 @@ impl KeyedExecutor {
             lifecycle_cv: Condvar::new(),
             owners: AtomicUsize::new(1),
             rejected: AtomicU64::new(0),
+            spawned: Spawned::new(),
         });
         let executor = KeyedExecutor {
             shared: shared.clone(),
@@ -490,8 +514,15 @@ impl KeyedExecutor {
         if worker::on_worker_of(self.shared.id()) {
             return false;
         }
-        self.shared
-            .wait_workers(Instant::now().checked_add(timeout))
+        let start = Instant::now();
+        let drained = self.shared.wait_workers(start.checked_add(timeout));
+        if drained {
+            trace::shutdown_finished(start.elapsed(), timeout);
+        } else if trace::wants_shutdown_details() {
+            let stats = self.shared.stats();
+            trace::shutdown_timed_out(timeout, stats.live_mailboxes, stats.spawned.live);
+        }
+        drained
     }
 
     /// Force stop. Idempotent.

@@ -1,5 +1,245 @@
-//! keyed-executor: run work one at a time per key, in arrival order, with
-//! different keys in parallel.
+//! Run work **one at a time per key, in arrival order, with different keys in
+//! parallel** — on a small shared pool of threads ([`KeyedExecutor`]) or on
+//! the callers' own futures and threads ([`Lanes`]) — in any async runtime or
+//! none.
+//!
+//! Every order, account, device or session gets a serial lane; thousands of
+//! lanes share a few threads. Handlers may be sync or async: an async handler
+//! that awaits holds no thread and delays only its own key, and per-key order
+//! holds across `.await`. Backpressure is built in, and a stop hands back
+//! every message it did not run.
+//!
+//! ```
+//! use std::time::Duration;
+//! use keyed_executor::{handler, KeyedExecutor};
+//!
+//! let executor = KeyedExecutor::builder().workers(2).build()?;
+//! // One handler for many keys: each account's commands run alone, in order.
+//! let dispatcher = executor.dispatcher(handler::from_fn(|account: &u64, amount: i64| {
+//!     (*account, amount)
+//! }));
+//! let receiver = dispatcher.receiver(256)?; // one source: 256 unfinished at most
+//! let done = receiver.submit_blocking(7, 100)?; // or `receiver.submit(7, 100).await?`
+//! assert_eq!(done.wait()?, (7, 100)); // or `done.await?`
+//! assert!(executor.shutdown(Duration::from_secs(5)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # The model
+//!
+//! - **Keys and mailboxes.** A [`Dispatcher`] runs one [`Handler`](handler::Handler)
+//!   for many keys. While a key has work it has a *mailbox*: a FIFO of its
+//!   messages and, for an async handler, the future of the message it is
+//!   running. The mailbox runs its messages one at a time; the next message
+//!   starts only when the previous one's future completed. An idle mailbox is
+//!   removed, so memory follows the keys that have work now, not every key
+//!   ever seen.
+//! - **Workers.** One [`KeyedExecutor`] owns `workers` threads, shared by all
+//!   its dispatchers — never a thread per key, per dispatcher or per type.
+//!   Each worker has its own FIFO of mailboxes. A new mailbox goes to a worker
+//!   with nothing queued (else a parked one, else the next in turn) and stays
+//!   on it while it lives. After `throughput` messages in one turn, a mailbox
+//!   goes to the back of its worker's queue, so a hot key cannot starve the
+//!   others. A worker out of work spins for `spin` (zero by default), then
+//!   parks.
+//! - **Async handlers.** A handler's future is polled on the key's worker with
+//!   the crate's own waker. `Pending` releases the worker; a wake from any
+//!   thread (a runtime's timer or reactor, a channel, another thread)
+//!   re-queues the mailbox on its worker.
+//! - **Credit.** Messages enter through [`Receiver`]s, one per source (a
+//!   partition, a connection, a bounded context). A receiver holds at most
+//!   `max_in_flight` unfinished messages (queued or running); the unit comes
+//!   back when the message finishes, whatever the outcome. `submit` waits
+//!   (asynchronously) for credit, `submit_blocking` blocks, `try_submit` fails
+//!   fast with [`SubmitError::Full`] and hands the message back. A slow
+//!   handler slows its sources instead of growing a buffer.
+//! - **Completion.** Each submitted message has a [`Completion`]: a `Future`
+//!   that can also be waited on from a plain thread. It resolves to the
+//!   handler's output or a [`TaskError`]: `Panicked` (the worker and the key
+//!   go on), `Rejected(msg)` (a force stop handed the message back unrun) or
+//!   `Cancelled` (a force stop dropped its suspended future). The `send`
+//!   family skips the handle: fire and forget.
+//! - **Stop.** [`KeyedExecutor::shutdown`] refuses new messages, runs
+//!   everything accepted (suspended futures included) and joins the workers.
+//!   [`KeyedExecutor::shutdown_now`] starts nothing new, hands queued messages
+//!   back on the calling thread and cancels suspended futures. Dropping the
+//!   last `KeyedExecutor` handle does the latter: no thread is left behind.
+//!
+//! # Two front-ends
+//!
+//! | | [`KeyedExecutor`] | [`Lanes`] |
+//! |---|---|---|
+//! | who runs the work | the executor's worker threads | the callers' own futures / threads (no threads of its own) |
+//! | unit | a message to a handler | a command to a [`Kernel`], **batched** per key |
+//! | backpressure | per-source credit, submitters wait | per-lane capacity and a node-wide [`InFlightLimit`]: refused at once with `Busy { retry_after }` |
+//! | stop | `shutdown(timeout)` drains, `shutdown_now()` hands messages back | `close(timeout)` |
+//! | use it for | event handling, projections, per-device or per-session work: many messages, a handler each, sync or async | command handling against a store with group commit: decide a batch in turn, append once |
+//!
+//! Take `Lanes` when the expensive part is a per-key append whose cost barely
+//! depends on its size (an event store, a log, a database row): a hot key then
+//! commits a batch per append instead of a command per append, and callers
+//! that would wait too long get `Busy` instead of queueing. Take
+//! `KeyedExecutor` for everything else, and when the work should not run on
+//! the callers' tasks (fire-and-forget, a consumer loop that must keep
+//! polling, CPU-bound handlers). A process can use both.
+//!
+//! # Choosing settings
+//!
+//! - **`workers`** (default: [`std::thread::available_parallelism`], which
+//!   honours cgroup CPU quotas). For CPU-bound sync handlers: the cores the
+//!   rest of the process leaves free (a tokio runtime in the same process has
+//!   its own workers). For mostly-async handlers: one or two are usually
+//!   enough, since a pending future holds no worker. A handler that *blocks*
+//!   (file I/O, a sync database driver) holds its worker and delays every
+//!   mailbox queued on it: move the blocking call off the pool (e.g. tokio's
+//!   `spawn_blocking` and await it), or size `workers` for it knowingly.
+//! - **`throughput`** (default 16): messages a mailbox runs in one turn before
+//!   going to the back of its worker's queue. Higher favours hot keys'
+//!   throughput (fewer re-queues), lower the latency of other keys on the same
+//!   worker; 1 is strict round-robin.
+//! - **`spin`** (default zero, at most [`MAX_SPIN`]): how long an idle worker
+//!   spins before it parks. Parking costs the sender a wake-up (a syscall) and
+//!   the message the woken thread's scheduling delay; spinning costs a core
+//!   while it lasts. Worth 10–100 µs only for in-memory, high-rate dispatch
+//!   whose messages arrive microseconds apart, on cores you own. **In a
+//!   container with a CPU quota, keep it at zero**: spinning spends the quota
+//!   and gets the whole process throttled.
+//! - **`max_in_flight`** (per receiver; [`DEFAULT_MAX_IN_FLIGHT`] = 256): how
+//!   far a source may run ahead of its handlers. It bounds memory (at most that
+//!   many messages of this source exist) and queueing delay (about
+//!   `max_in_flight / rate`). To keep async handlers busy it must cover the
+//!   work in flight: `rate × handler latency` (10,000 msg/s of 1 ms writes need
+//!   10). A single fast producer feeding sync handlers gains from more (1,024
+//!   or so) because it wakes workers less often. One key may use all of a
+//!   source's credit: there is no per-key limit.
+//! - **Hasher** ([`DispatcherBuilder::hasher`]): `RandomState` by default,
+//!   which resists HashDoS; a faster unkeyed hasher is fine for trusted keys.
+//! - **Names and hooks**: `thread_name` (`{prefix}-{i}`), `thread_stack_size`,
+//!   `on_thread_start` / `on_thread_stop` (run on each worker; all start hooks
+//!   ran before `build()` returns, all stop hooks before `shutdown` returns
+//!   `true`).
+//!
+//! # Compared with the usual alternatives
+//!
+//! **A task per key on tokio** (an actor: a spawned task owning an `mpsc`
+//! receiver, senders in a map). Ordering across `.await` comes for free and
+//! it is quick to write. But each key keeps a task and a channel for as long
+//! as it is in the map — about 1.1 KB per key in `BENCHMARKS.md`, W5 — and
+//! removing idle ones races with new messages (a message sent to an actor
+//! that is exiting is lost unless you close that race: this crate does, under
+//! the key's shard lock). Backpressure is per key (a bounded channel each),
+//! not per source, and every message to an idle key is a wake through the
+//! runtime's scheduler. It also ties the code to tokio. Here a key costs
+//! memory only while it has work, credit is per source, sync handlers never
+//! touch a runtime, and the same code runs under tokio, smol or plain threads.
+//!
+//! **A striped pool** (N single-thread executors, key → thread by hash, as in
+//! BookKeeper's or Hazelcast's ordered executors). Simple and very fast for
+//! short sync handlers. But a handler that waits blocks every key of its
+//! stripe (`BENCHMARKS.md`, W3: a 100 µs wait caps a stripe at 10,000
+//! messages/s), a hot key's stripe stays busy while others idle, queues are
+//! unbounded unless you add a bound, and async handlers need a runtime per
+//! stripe. Here a pending future holds no worker, a key's mailbox is placed
+//! on a worker with nothing queued (if there is one) each time it is
+//! created, and credit bounds every source.
+//!
+//! See `BENCHMARKS.md` in the repository for the measured comparison.
+//!
+//! # Runtime interop
+//!
+//! The crate depends on no async runtime: its futures ([`SubmitFuture`],
+//! [`SendFuture`], [`Completion`], `Lanes::execute`, `Lanes::close`) are woken
+//! through the standard [`Waker`](std::task::Waker), and the handlers' futures
+//! are polled with the crate's own waker, so a wake may come from any thread
+//! of any runtime. The test suite (`tests/interop_*.rs`) runs the same
+//! scenarios from tokio (multi-thread and current-thread), smol, async-io,
+//! `futures::executor::block_on`, `pollster`, and plain threads.
+//!
+//! - **Handles.** [`Completion`] is `Send`, `Sync` and `Unpin`; after it has
+//!   yielded its outcome it stays `Pending` forever (fused) and
+//!   [`Completion::is_terminated`] is true. It does not implement
+//!   `futures::future::FusedFuture` (that would need `futures-core` as a
+//!   dependency): in `futures::select!`, wrap it with `.fuse()`. Dropping it
+//!   never cancels the message; to bound a wait, use your runtime's timeout
+//!   on `.await`, or [`Completion::wait_timeout`] (which hands the handle back).
+//! - **Blocking calls** (`submit_blocking`, `send`, `wait`, `wait_timeout`,
+//!   `Lanes::execute_blocking`) park the calling thread. Inside an async task
+//!   that blocks the runtime's thread with everything scheduled on it: prefer
+//!   `.await` there, or call them on a blocking thread (tokio's
+//!   `spawn_blocking` / `block_in_place`). On a **current-thread** runtime,
+//!   never block its thread waiting for a handler that needs that runtime
+//!   (its timers and sockets only make progress while the thread drives it):
+//!   that is a deadlock.
+//! - **smol / async-io** timers and I/O work in handlers with no set-up:
+//!   async-io drives them from its own thread.
+//! - **tokio** timers and sockets must be *created* inside a tokio runtime
+//!   context (`tokio::time::sleep` panics with "there is no reactor running"
+//!   otherwise), and a handler's future runs on the executor's workers. Two
+//!   ways:
+//!   1. Enter the runtime on every worker, once, with the builder's hook:
+//!
+//!      ```
+//!      # let rt = tokio::runtime::Runtime::new().unwrap();
+//!      let handle = rt.handle().clone();
+//!      let executor = keyed_executor::KeyedExecutor::builder()
+//!          .on_thread_start(move || std::mem::forget(handle.enter()))
+//!          .build()?;
+//!      # Ok::<(), keyed_executor::ConfigError>(())
+//!      ```
+//!
+//!      `Handle::enter` returns an `EnterGuard` that is `!Send` and borrows
+//!      the handle, so it cannot outlive the hook's call unless it is
+//!      forgotten. Forgetting it is sound and leaks nothing: it only skips
+//!      restoring the thread's previous context (a fresh worker has none),
+//!      and the thread's context is released when the worker exits. Then
+//!      handlers can `tokio::time::sleep(..).await` or use `tokio::net`
+//!      directly. Shut the executor down before dropping the runtime: a
+//!      handler that creates a timer after the runtime shut down panics
+//!      (and fails its message with `Panicked`).
+//!   2. Or run the tokio part on the runtime and await its `JoinHandle`
+//!      (which needs no context): `handle.spawn(async move { sleep(d).await
+//!      }).await`. Create the tokio resource *inside* the spawned block:
+//!      `handle.spawn(tokio::time::sleep(d))` calls `sleep` on the worker and
+//!      panics.
+//! - **Lanes** run the kernel inside the caller's future, so a kernel sees
+//!   the caller's runtime context; `execute_blocking` runs it on the calling
+//!   thread.
+//! - **Spawning.** `KeyedExecutor` implements [`futures_task::Spawn`], so
+//!   `futures::task::SpawnExt::{spawn, spawn_with_handle}` run a future on the
+//!   workers (unkeyed). Graceful `shutdown` waits for spawned futures,
+//!   `shutdown_now` drops them, and a closed executor refuses new ones
+//!   ([`futures_task::SpawnError::shutdown`]). For futures that must run one
+//!   at a time *per key*, use a dispatcher whose handler is the future:
+//!   `handler::from_async_fn(|_key: K, job: BoxFuture<'static, T>| job)`.
+//!
+//! # Observability
+//!
+//! - [`KeyedExecutor::stats`] returns an [`ExecutorStats`] snapshot — live
+//!   mailboxes, per worker its state, queued mailboxes, messages done /
+//!   panicked / cancelled, parks, unparks and spins that found work, plus the
+//!   messages handed back by a force stop and the spawned futures' counters.
+//!   It reads relaxed counters and briefly locks each dispatcher shard to
+//!   count mailboxes: cheap enough to poll every second.
+//! - [`Receiver::in_flight`] (per source) and [`Dispatcher::live_mailboxes`];
+//!   [`Lanes::in_flight`], [`Lanes::lanes_alive`], [`Lanes::busy_keys`].
+//! - The **`tracing` cargo feature** (off by default; zero cost when off: no
+//!   field, branch or call is compiled in) adds, under the target
+//!   `keyed_executor`: a DEBUG span `message` (fields `key_hash`, `worker`)
+//!   entered around each message's handler call and every poll of its future,
+//!   so a handler's own events nest under it; WARN events for a panicking
+//!   handler or spawned future, and for a graceful shutdown that timed out or
+//!   took more than half its timeout; a DEBUG event per message a force stop
+//!   hands back and an INFO summary of the force stop. [`LanesEvent`]s without
+//!   an `on_event` hook become WARN events (target `keyed_executor::lanes`)
+//!   instead of lines on standard error.
+//!
+//! # Cargo features
+//!
+//! - `tracing`: the spans and events above (adds the `tracing` dependency).
+//!
+//! [`Kernel`]: lanes::Kernel
+//! [`InFlightLimit`]: limit::InFlightLimit
+//! [`LanesEvent`]: lanes::LanesEvent
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -8,6 +248,7 @@ pub(crate) mod sync;
 
 mod completion;
 mod config;
+mod credit;
 mod dispatcher;
 pub mod error;
 mod executor;
@@ -16,8 +257,10 @@ pub mod lanes;
 pub mod limit;
 mod mailbox;
 mod receiver;
+mod spawn;
 mod stats;
 mod task;
+mod trace;
 mod waiter;
 mod waker;
 mod worker;
@@ -32,4 +275,9 @@ pub use executor::KeyedExecutor;
 pub use lanes::{BatchResult, Kernel, LaneError, Lanes};
 pub use limit::InFlightLimit;
 pub use receiver::{Receiver, SendFuture, SubmitFuture};
-pub use stats::{ExecutorStats, WorkerState, WorkerStats};
+pub use stats::{ExecutorStats, SpawnedStats, WorkerState, WorkerStats};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

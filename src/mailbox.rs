@@ -5,7 +5,7 @@
 //!
 //! # State machine
 //!
-//! `state` holds one of four states plus a flag; every transition is a single
+//! `state` holds one of five states plus a flag; every transition is a single
 //! read-modify-write — also the runner's own writes out of `RUNNING`, which
 //! race a waker's CAS setting `NOTIFIED`: as a swap, the write is ordered
 //! after that CAS or makes it fail, and loom (which models a plain store
@@ -13,9 +13,9 @@
 //! store) checks exactly this code.
 //!
 //! - `SCHEDULED`: the mailbox is in its worker's queue, exactly once. Nobody
-//!   runs it. Made by: the submitter that creates the mailbox, a waker
-//!   (from `SUSPENDED`), or the runner re-queuing itself (throughput spent, or
-//!   woken during its poll).
+//!   runs it. Made by: the submitter that creates the mailbox or finds it
+//!   `IDLE`, a waker (from `SUSPENDED`), or the runner re-queuing itself
+//!   (throughput spent, or woken during its poll).
 //! - `RUNNING`: its worker runs a turn. Only the runner touches `future` and
 //!   `meta`. Made by: the worker that popped it (`SCHEDULED` → `RUNNING`,
 //!   clearing `NOTIFIED`).
@@ -23,37 +23,48 @@
 //!   holds the mailbox. Made by: the runner. Left by: a waker (→ `SCHEDULED`,
 //!   and it pushes the mailbox on its worker's queue) or a force stop that
 //!   claims it (→ `CLOSED`, and it drops the future).
+//! - `IDLE`: no message, no future, not queued, still in the dispatcher's map
+//!   and in its worker's idle list, so the key's next message reuses it
+//!   without allocating. Made by: the runner, under the queue lock, when it
+//!   finds the queue empty. Left by: a submitter (→ `SCHEDULED`, under the
+//!   queue lock after pushing), or the worker retiring it (→ `CLOSED`, under
+//!   the shard lock, removing it from the map) once it has had nothing to do
+//!   for `IDLE_RETIRE_AFTER` or keeps too many idle mailboxes, or a force
+//!   stop (→ `CLOSED`).
 //! - `CLOSED`: terminal. The mailbox was removed from its dispatcher's map
-//!   (retired when idle) or stopped by a force stop. Wakes are ignored.
+//!   (retired) or stopped by a force stop. Wakes are ignored.
 //! - `NOTIFIED` (flag, with `SCHEDULED` or `RUNNING`): a wake arrived while the
 //!   mailbox was queued or running. If the runner's poll then returns
 //!   `Pending`, it re-queues the mailbox (`SCHEDULED`) instead of suspending,
 //!   so the future is polled once more: a wake during a poll is never lost,
-//!   and since only the `SUSPENDED` → `SCHEDULED` edge pushes, never
-//!   scheduled twice.
+//!   and since only the `SUSPENDED`/`IDLE` → `SCHEDULED` edges push (each
+//!   made by exactly one CAS), never scheduled twice. Wakes on `IDLE` or
+//!   `CLOSED` come from wakers of finished messages and do nothing.
 //!
 //! ```text
-//!            create (submitter)
-//!                   |
-//!                   v        pop (worker)
-//!   +-------->  SCHEDULED  ---------------->  RUNNING ---- idle, under shard lock ----> CLOSED
-//!   |               ^                          |  |  \                                   ^
-//!   |  wake         |  throughput spent, or    |  |   force stop seen between messages --+
-//!   |               +--- Pending + NOTIFIED ---+  |                                      |
-//!   |                                             | Pending                              |
-//!   +------------------  SUSPENDED  <-------------+                                      |
-//!                            |                                                           |
-//!                            +----------------- force stop claims it --------------------+
+//!            create (submitter)          push into IDLE (submitter)
+//!                   |                  +---------------------------- IDLE <--+
+//!                   v                  v                              |      |
+//!   +-------->  SCHEDULED  ---- pop (worker) ---->  RUNNING  -- queue empty --+
+//!   |               ^                              |  |   \                  |
+//!   |  wake         |  throughput spent, or        |  |    force stop seen   | retire (worker, shard lock)
+//!   |               +--- Pending + NOTIFIED -------+  |    between messages  | or force stop
+//!   |                                                 | Pending    |         v
+//!   +------------------  SUSPENDED  <-----------------+            +----> CLOSED
+//!                            |                                             ^
+//!                            +----------- force stop claims it ------------+
 //! ```
 //!
 //! # Messages and removal
 //!
 //! Messages are pushed only while the submitter holds the dispatcher's shard
-//! lock for this key, and the mailbox is only retired (removed from the map,
-//! `RUNNING` → `CLOSED`) by its runner while holding that same lock and after
-//! seeing the queue empty. So a message is either seen by the retiring runner
-//! (which then keeps running) or is pushed after the removal into a fresh
-//! mailbox: the remove-vs-submit race cannot lose a message.
+//! lock for this key and the mailbox's queue lock. The runner goes `IDLE`
+//! only under the queue lock after seeing the queue empty, and the submitter
+//! checks for `IDLE` under the same lock after pushing: a message is either
+//! found by the runner or wakes the idle mailbox. An idle mailbox is retired
+//! (removed from the map, `IDLE` → `CLOSED`) only under the shard lock, so a
+//! submitter either finds it `IDLE` and revives it, or finds no mailbox and
+//! creates a fresh one: the remove-vs-submit race cannot lose a message.
 //!
 //! # Force stop
 //!
@@ -74,13 +85,14 @@ use std::ptr;
 use std::task::{Context, Poll};
 
 use crate::completion::{Outcome, Slot};
+use crate::credit::CreditRef;
 use crate::dispatcher::DispatcherInner;
 use crate::error::{Panic, TaskError};
 use crate::handler::Handler;
-use crate::receiver::Credit;
-use crate::sync::atomic::{AtomicUsize, Ordering::*};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex, UnsafeCell};
 use crate::task::{Runnable, Task};
+use crate::trace;
 use crate::waker::{Wake, WakerRef};
 use crate::worker::WorkerCx;
 
@@ -88,6 +100,7 @@ const SCHEDULED: usize = 1;
 const RUNNING: usize = 2;
 const SUSPENDED: usize = 3;
 const CLOSED: usize = 4;
+const IDLE: usize = 5;
 const STATE_MASK: usize = 0b111;
 const NOTIFIED: usize = 0b1000;
 
@@ -97,13 +110,13 @@ pub(crate) struct Envelope<M, O> {
     /// The completion to deliver to; `None` for fire-and-forget sends.
     pub(crate) reply: Option<Arc<Slot<O, M>>>,
     /// The credit unit this message holds until it finishes.
-    pub(crate) credit: Arc<Credit>,
+    pub(crate) credit: CreditRef,
 }
 
 /// Where the running message's outcome goes.
 struct Meta<O, M> {
     reply: Option<Arc<Slot<O, M>>>,
-    credit: Arc<Credit>,
+    credit: CreditRef,
 }
 
 /// What a step of the current message ended with.
@@ -118,7 +131,8 @@ enum Step {
 /// What the runner found when it asked for the next message.
 enum Next<M, O> {
     Message(Envelope<M, O>),
-    Empty,
+    /// The queue was empty: the mailbox went `RUNNING` → `IDLE`.
+    Idle,
     Forced,
 }
 
@@ -141,8 +155,11 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     queue: Mutex<VecDeque<Envelope<M, H::Output>>>,
     /// The running message's future. Owned by whoever holds `RUNNING` (or
     /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
-    future: UnsafeCell<Option<H::Future>>,
+    future: UnsafeCell<Option<trace::Instrumented<H::Future>>>,
     meta: UnsafeCell<Option<Meta<H::Output, M>>>,
+    /// Whether the mailbox is in its worker's idle list. Only its worker
+    /// thread reads or writes it.
+    listed: AtomicBool,
     dispatcher: Arc<DispatcherInner<K, M, H, S>>,
 }
 
@@ -195,6 +212,7 @@ where
             queue: Mutex::new(queue),
             future: UnsafeCell::new(None),
             meta: UnsafeCell::new(None),
+            listed: AtomicBool::new(false),
             dispatcher,
         }
     }
@@ -208,10 +226,46 @@ where
         self.state.load(Acquire) & STATE_MASK == CLOSED
     }
 
+    /// Whether the mailbox has no work (idle, waiting to be retired, or
+    /// closed).
+    pub(crate) fn is_at_rest(&self) -> bool {
+        matches!(self.state.load(Acquire) & STATE_MASK, IDLE | CLOSED)
+    }
+
     /// Appends a message. The caller holds this key's shard lock and has
-    /// checked that the mailbox is not closed.
-    pub(crate) fn push(&self, env: Envelope<M, H::Output>) {
-        self.queue.lock().push_back(env);
+    /// checked that the mailbox is not closed. Returns `Wake::Schedule` if
+    /// the mailbox was idle: this call moved it `IDLE` → `SCHEDULED` and the
+    /// caller must push it on its worker's queue.
+    #[inline]
+    pub(crate) fn push(&self, env: Envelope<M, H::Output>) -> Push {
+        let mut q = self.queue.lock();
+        q.push_back(env);
+        // The runner goes idle only under this same lock, so it cannot go
+        // idle between our push and this check: either it is still running
+        // (and will find the message) or it is idle and we wake it.
+        if self.state.load(Relaxed) == IDLE
+            && self
+                .state
+                .compare_exchange(IDLE, SCHEDULED, AcqRel, Relaxed)
+                .is_ok()
+        {
+            Push::Schedule
+        } else {
+            Push::Queued
+        }
+    }
+
+    /// The worker this mailbox runs on.
+    pub(crate) fn worker(&self) -> usize {
+        self.worker
+    }
+
+    /// Under the shard lock: closes the mailbox if it is idle, so it can be
+    /// removed from the map.
+    pub(crate) fn close_if_idle(&self) -> bool {
+        self.state
+            .compare_exchange(IDLE, CLOSED, AcqRel, Acquire)
+            .is_ok()
     }
 
     /// Force stop, on the stopping thread: hand back every queued message,
@@ -225,11 +279,15 @@ where
         }
         if self
             .state
-            .compare_exchange(SUSPENDED, CLOSED, AcqRel, Acquire)
+            .compare_exchange(SUSPENDED, CLOSED, SeqCst, Acquire)
             .is_ok()
         {
             // SAFETY: the CAS made us the owner of the suspended mailbox.
             unsafe { self.cancel_current() };
+        } else {
+            // An idle mailbox has nothing to cancel; close it so a late wake
+            // or sweep leaves it alone.
+            let _ = self.close_if_idle();
         }
         n
     }
@@ -240,17 +298,24 @@ where
     ///
     /// # Safety
     /// The caller owns the mailbox's turn (`RUNNING`) and no future is stored.
-    unsafe fn start(this: &Arc<Self>, env: Envelope<M, H::Output>) -> Step {
+    unsafe fn start(this: &Arc<Self>, env: Envelope<M, H::Output>, cx: &WorkerCx<'_>) -> Step {
         let Envelope { msg, reply, credit } = env;
+        cx.before_start(credit);
         let handler = &this.dispatcher.handler;
-        match catch_unwind(AssertUnwindSafe(|| handler.call(&this.key, msg))) {
+        let span = trace::MessageSpan::new(this.hash, this.worker);
+        let called = catch_unwind(AssertUnwindSafe(|| {
+            let _entered = span.enter();
+            handler.call(&this.key, msg)
+        }));
+        match called {
             Ok(fut) => {
+                let fut = trace::instrument(fut, span);
                 // SAFETY: we own the turn (caller's contract).
                 unsafe {
                     this.future.with_mut(|f| ptr::write(f, Some(fut)));
                     this.meta
                         .with_mut(|m| ptr::write(m, Some(Meta { reply, credit })));
-                    Self::poll_current(this)
+                    Self::poll_current(this, cx)
                 }
             }
             Err(payload) => {
@@ -258,7 +323,8 @@ where
                     &this.key,
                     this.worker,
                     reply,
-                    &credit,
+                    credit,
+                    Some(cx),
                     Err(TaskError::Panicked(Panic::new(payload))),
                 );
                 Step::Done
@@ -271,7 +337,7 @@ where
     ///
     /// # Safety
     /// The caller owns the mailbox's turn and a future is stored.
-    unsafe fn poll_current(this: &Arc<Self>) -> Step {
+    unsafe fn poll_current(this: &Arc<Self>, wcx: &WorkerCx<'_>) -> Step {
         let waker = WakerRef::new(this);
         let mut cx = Context::from_waker(&waker);
         let polled = this.future.with_mut(|f| {
@@ -291,8 +357,14 @@ where
         unsafe {
             this.drop_future();
             let meta = this.meta.with_mut(|m| (*m).take()).expect("meta is stored");
-            this.dispatcher
-                .finish(&this.key, this.worker, meta.reply, &meta.credit, outcome);
+            this.dispatcher.finish(
+                &this.key,
+                this.worker,
+                meta.reply,
+                meta.credit,
+                Some(wcx),
+                outcome,
+            );
         }
         Step::Done
     }
@@ -341,7 +413,8 @@ where
                 &self.key,
                 self.worker,
                 meta.reply,
-                &meta.credit,
+                meta.credit,
+                None,
                 Err(TaskError::Cancelled),
             );
         }
@@ -361,11 +434,21 @@ where
         }
         match q.pop_front() {
             Some(env) => Next::Message(env),
-            None => Next::Empty,
+            None => {
+                // Go idle under the queue lock (see `push`). A wake racing
+                // this is stale: no future is pending between messages.
+                self.state.swap(IDLE, AcqRel);
+                Next::Idle
+            }
         }
     }
 
     /// `RUNNING` → `SUSPENDED`, or → `SCHEDULED` if woken during the poll.
+    ///
+    /// Against a force stop this is the store-buffering pattern: we CAS the
+    /// state then load `FORCED`; the stopper sets `FORCED` then CASes the
+    /// state. All four are SeqCst, so at least one side sees the other and
+    /// the suspended future is cancelled exactly once (by whichever CAS wins).
     fn after_pending(this: Arc<Self>, cx: &WorkerCx<'_>) {
         if this.dispatcher.shared.is_forced() {
             // SAFETY: we still own the turn.
@@ -381,7 +464,7 @@ where
                 if this.dispatcher.shared.is_forced()
                     && this
                         .state
-                        .compare_exchange(SUSPENDED, CLOSED, AcqRel, Acquire)
+                        .compare_exchange(SUSPENDED, CLOSED, SeqCst, Acquire)
                         .is_ok()
                 {
                     // SAFETY: the CAS made us the owner again.
@@ -400,33 +483,11 @@ where
             } else {
                 (SUSPENDED, AfterPending::Suspended)
             };
-            match self.state.compare_exchange(cur, next, AcqRel, Acquire) {
+            match self.state.compare_exchange(cur, next, SeqCst, Acquire) {
                 Ok(_) => return res,
                 Err(actual) => cur = actual,
             }
         }
-    }
-
-    /// Leaves the mailbox's turn because it is idle: under the shard lock,
-    /// if the queue is still empty, removes it from the map and closes it.
-    /// Returns false if a message arrived meanwhile (keep running).
-    fn try_retire(this: &Arc<Self>) -> bool {
-        match this.dispatcher.retire(this, this.hash) {
-            Retire::Retired => {
-                this.dispatcher.shared.on_mailbox_retired();
-                true
-            }
-            Retire::Busy => false,
-        }
-    }
-
-    /// Under the shard lock: closes the mailbox if its queue is empty.
-    pub(crate) fn close_if_empty(&self) -> bool {
-        if !self.queue.lock().is_empty() {
-            return false;
-        }
-        self.state.swap(CLOSED, AcqRel);
-        true
     }
 
     /// The wake transition. Returns true if the caller moved the mailbox
@@ -436,7 +497,8 @@ where
         loop {
             let next = match cur & STATE_MASK {
                 SUSPENDED => SCHEDULED,
-                CLOSED => return false,
+                // No future is pending: a stale waker of a finished message.
+                CLOSED | IDLE => return false,
                 _ => cur | NOTIFIED,
             };
             match self.state.compare_exchange(cur, next, AcqRel, Acquire) {
@@ -447,12 +509,22 @@ where
     }
 }
 
+/// The outcome of [`Mailbox::push`].
+#[must_use]
+pub(crate) enum Push {
+    /// The mailbox was idle: the pusher must schedule it.
+    Schedule,
+    /// The mailbox is scheduled, running or suspended: its runner will get
+    /// to the message.
+    Queued,
+}
+
 /// The outcome of [`DispatcherInner::retire`].
 #[must_use]
 pub(crate) enum Retire {
     /// Removed from the map and closed.
     Retired,
-    /// A message arrived: the runner keeps the turn.
+    /// Not idle any more (a message arrived): left alone.
     Busy,
 }
 
@@ -474,7 +546,7 @@ where
         let mut budget = this.dispatcher.shared.config.throughput;
         if this.has_current() {
             // SAFETY: we own the turn and a future is stored.
-            match unsafe { Self::poll_current(&this) } {
+            match unsafe { Self::poll_current(&this, cx) } {
                 Step::Pending => return Self::after_pending(this, cx),
                 Step::Done => budget -= 1,
             }
@@ -490,15 +562,20 @@ where
                 Next::Message(env) => {
                     budget -= 1;
                     // SAFETY: we own the turn and no future is stored.
-                    match unsafe { Self::start(&this, env) } {
+                    match unsafe { Self::start(&this, env, cx) } {
                         Step::Done => {}
                         Step::Pending => return Self::after_pending(this, cx),
                     }
                 }
-                Next::Empty => {
-                    if Self::try_retire(&this) {
-                        return;
+                Next::Idle => {
+                    // Stay in the map for a while, so the key's next message
+                    // reuses this mailbox; the worker retires it later.
+                    // Only this worker's thread touches `listed`: no RMW.
+                    if !this.listed.load(Relaxed) {
+                        this.listed.store(true, Relaxed);
+                        cx.went_idle(Task::new(this));
                     }
+                    return;
                 }
                 Next::Forced => {
                     // The stopping thread hands back the queue; we stop here.
@@ -506,6 +583,13 @@ where
                     return;
                 }
             }
+        }
+    }
+
+    fn retire(this: Arc<Self>) {
+        this.listed.store(false, Relaxed);
+        if let Retire::Retired = this.dispatcher.retire(&this, this.hash) {
+            this.dispatcher.shared.on_mailbox_retired();
         }
     }
 

@@ -1,210 +1,20 @@
 //! Receivers: the sources that feed a dispatcher, each with its own credit
 //! of `max_in_flight` unfinished messages.
 //!
-//! # Credit
-//!
-//! [`Credit`] counts the receiver's messages that are accepted and not
-//! finished (queued in a mailbox or running, suspended futures included). A
-//! message takes one unit before it is enqueued and gives it back when it
-//! finishes: done, panicked, rejected by a force stop, or cancelled. A slow
-//! handler therefore slows its source instead of growing a buffer.
-//!
-//! Waiting for credit (async `submit`/`send_async`, `submit_blocking`/`send`)
-//! uses a FIFO of waiters, each a task `Waker` or a parked thread:
-//!
-//! - acquire: CAS `in_flight` up while below `max`. On failure, register in
-//!   the FIFO (setting `has_waiters`), then try once more: a release that ran
-//!   in between either saw `has_waiters` and will wake us, or left a unit the
-//!   retry takes (both sides use SeqCst, the Dekker pattern).
-//! - release(n): `in_flight -= n`, then if `has_waiters`, pop up to `n`
-//!   waiters and wake them. A woken waiter retries; if another submitter took
-//!   the unit first it registers again.
-//! - a waiter that was popped (notified) and is dropped before it retried
-//!   passes the notification on, so a unit is never left unused while someone
-//!   sleeps.
-//!
-//! Acquisition is not strictly FIFO (a `try_submit` can barge in); the FIFO
-//! only orders who is woken.
+//! The credit itself (one atomic word per receiver) is in `credit.rs`.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use crate::completion::{Completion, Slot};
+use crate::credit::{Acquire, CreditHandle};
 use crate::dispatcher::Core;
 use crate::error::SubmitError;
 use crate::mailbox::Envelope;
-use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
-use crate::sync::{thread, Arc, Mutex};
+use crate::sync::{thread, Arc};
 use crate::waiter::Waiter;
-
-/// The credit of one receiver.
-pub(crate) struct Credit {
-    in_flight: AtomicUsize,
-    max: usize,
-    has_waiters: AtomicBool,
-    waiters: Mutex<Waiters>,
-}
-
-#[derive(Default)]
-struct Waiters {
-    queue: VecDeque<(u64, Option<Waiter>)>,
-    next_id: u64,
-}
-
-impl Credit {
-    pub(crate) fn new(max: usize) -> Self {
-        Credit {
-            in_flight: AtomicUsize::new(0),
-            max,
-            has_waiters: AtomicBool::new(false),
-            waiters: Mutex::new(Waiters::default()),
-        }
-    }
-
-    pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.load(Relaxed)
-    }
-
-    /// Takes one unit if one is free.
-    #[inline]
-    pub(crate) fn try_acquire(&self) -> bool {
-        let mut cur = self.in_flight.load(Relaxed);
-        loop {
-            if cur >= self.max {
-                // Re-read with SeqCst so a failing acquire that is followed by
-                // registration cannot miss a release (see module docs).
-                cur = self.in_flight.load(SeqCst);
-                if cur >= self.max {
-                    return false;
-                }
-            }
-            match self
-                .in_flight
-                .compare_exchange_weak(cur, cur + 1, SeqCst, Relaxed)
-            {
-                Ok(_) => return true,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Gives back `n` units and wakes up to `n` waiters.
-    #[inline]
-    pub(crate) fn release(&self, n: usize) {
-        let prev = self.in_flight.fetch_sub(n, SeqCst);
-        debug_assert!(prev >= n, "credit released more than acquired");
-        if self.has_waiters.load(SeqCst) {
-            self.notify(n);
-        }
-    }
-
-    #[cold]
-    fn notify(&self, n: usize) {
-        let mut woken = Vec::new();
-        {
-            let mut w = self.waiters.lock();
-            for _ in 0..n {
-                match w.queue.pop_front() {
-                    Some((_, waiter)) => woken.extend(waiter),
-                    None => break,
-                }
-            }
-            if w.queue.is_empty() {
-                self.has_waiters.store(false, SeqCst);
-            }
-        }
-        for waiter in woken {
-            waiter.wake();
-        }
-    }
-}
-
-/// One submitter's attempt to take a unit of credit, possibly over several
-/// polls. Dropping it deregisters (or passes on a notification it received).
-struct Acquire<'a> {
-    credit: &'a Credit,
-    id: Option<u64>,
-}
-
-impl<'a> Acquire<'a> {
-    fn new(credit: &'a Credit) -> Self {
-        Acquire { credit, id: None }
-    }
-
-    /// True when a unit was taken; otherwise the waiter is registered and
-    /// will be woken by a release.
-    fn poll(&mut self, waiter: &dyn Fn(&mut Option<Waiter>)) -> bool {
-        loop {
-            if self.credit.try_acquire() {
-                if let Some(id) = self.id.take() {
-                    // Whether we were still queued or already popped, the
-                    // notification (if any) was meant for us and is used.
-                    let mut w = self.credit.waiters.lock();
-                    if let Some(pos) = w.queue.iter().position(|(i, _)| *i == id) {
-                        w.queue.remove(pos);
-                        if w.queue.is_empty() {
-                            self.credit.has_waiters.store(false, SeqCst);
-                        }
-                    }
-                }
-                return true;
-            }
-            let mut w = self.credit.waiters.lock();
-            match self.id {
-                Some(id) => match w.queue.iter_mut().find(|(i, _)| *i == id) {
-                    Some((_, slot)) => {
-                        waiter(slot);
-                        return false;
-                    }
-                    None => {
-                        // Popped by a release: retry from scratch.
-                        self.id = None;
-                    }
-                },
-                None => {
-                    let id = w.next_id;
-                    w.next_id += 1;
-                    let mut new = None;
-                    waiter(&mut new);
-                    w.queue.push_back((id, new));
-                    self.credit.has_waiters.store(true, SeqCst);
-                    self.id = Some(id);
-                    drop(w);
-                    if self.credit.try_acquire() {
-                        self.cancel_registration(true);
-                        return true;
-                    }
-                    return false;
-                }
-            }
-        }
-    }
-
-    /// Leaves the queue. If we had been popped (notified) and did not take a
-    /// unit, pass the notification on.
-    fn cancel_registration(&mut self, acquired: bool) {
-        let Some(id) = self.id.take() else { return };
-        let mut w = self.credit.waiters.lock();
-        if let Some(pos) = w.queue.iter().position(|(i, _)| *i == id) {
-            w.queue.remove(pos);
-            if w.queue.is_empty() {
-                self.credit.has_waiters.store(false, SeqCst);
-            }
-        } else if !acquired {
-            drop(w);
-            self.credit.notify(1);
-        }
-    }
-}
-
-impl Drop for Acquire<'_> {
-    fn drop(&mut self) {
-        self.cancel_registration(false);
-    }
-}
 
 fn task_waiter(waker: &Waker) -> impl Fn(&mut Option<Waiter>) + '_ {
     move |slot| Waiter::register_task(slot, waker)
@@ -256,25 +66,25 @@ fn thread_waiter(slot: &mut Option<Waiter>) {
 /// ```
 pub struct Receiver<K, M, O> {
     core: Box<dyn Core<K, M, O>>,
-    credit: Arc<Credit>,
+    credit: CreditHandle,
 }
 
 impl<K, M, O> Receiver<K, M, O> {
     pub(crate) fn new(core: Box<dyn Core<K, M, O>>, max_in_flight: usize) -> Self {
         Receiver {
             core,
-            credit: Arc::new(Credit::new(max_in_flight)),
+            credit: CreditHandle::new(max_in_flight),
         }
     }
 
     /// The most unfinished messages this receiver holds.
     pub fn max_in_flight(&self) -> usize {
-        self.credit.max
+        self.credit.credit().max()
     }
 
     /// Messages accepted by this receiver (and its clones) and not finished.
     pub fn in_flight(&self) -> usize {
-        self.credit.in_flight()
+        self.credit.credit().in_flight()
     }
 
     /// Whether the executor refuses new messages (it is shutting down).
@@ -295,7 +105,7 @@ impl<K, M, O> Receiver<K, M, O> {
         SubmitFuture {
             receiver: self,
             item: Some((key, message)),
-            acquire: Acquire::new(&self.credit),
+            acquire: Acquire::new(self.credit.credit()),
         }
     }
 
@@ -323,7 +133,7 @@ impl<K, M, O> Receiver<K, M, O> {
         if self.core.is_closed() {
             return Err(SubmitError::Closed(message));
         }
-        if !self.credit.try_acquire() {
+        if !self.credit.credit().try_acquire() {
             return Err(SubmitError::Full(message));
         }
         self.enqueue(key, message, true)
@@ -354,7 +164,7 @@ impl<K, M, O> Receiver<K, M, O> {
         if self.core.is_closed() {
             return Err(SubmitError::Closed(message));
         }
-        if !self.credit.try_acquire() {
+        if !self.credit.credit().try_acquire() {
             return Err(SubmitError::Full(message));
         }
         self.enqueue(key, message, false).map(drop)
@@ -369,33 +179,46 @@ impl<K, M, O> Receiver<K, M, O> {
             inner: SubmitFuture {
                 receiver: self,
                 item: Some((key, message)),
-                acquire: Acquire::new(&self.credit),
+                acquire: Acquire::new(self.credit.credit()),
             },
         }
     }
 
     fn acquire_blocking(&self) {
-        let mut acquire = Acquire::new(&self.credit);
+        let mut acquire = Acquire::new(self.credit.credit());
         while !acquire.poll(&thread_waiter) {
             thread::park();
         }
-        // The unit is ours; forget the (now empty) registration.
-        acquire.id = None;
     }
 
     /// Enqueues a message whose credit unit is already taken.
     fn enqueue(&self, key: K, message: M, reply: bool) -> MaybeCompletion<O, M> {
+        /// Gives the unit back if the key's `Hash`/`Eq` panics in `enqueue`.
+        struct Unwind<'a>(&'a CreditHandle);
+        impl Drop for Unwind<'_> {
+            fn drop(&mut self) {
+                // SAFETY: armed only while the unit taken by our caller has
+                // not been handed to a message.
+                unsafe { self.0.as_ref().release(1) };
+            }
+        }
         let slot = reply.then(|| Arc::new(Slot::new()));
         let env = Envelope {
             msg: message,
             reply: slot.clone(),
-            credit: self.credit.clone(),
+            credit: self.credit.as_ref(),
         };
-        match self.core.enqueue(key, env) {
+        // The key's `Hash` and `Eq` run inside: if they panic, the panic
+        // goes to the caller with the message, and the unit comes back.
+        let unwind = Unwind(&self.credit);
+        let res = self.core.enqueue(key, env);
+        std::mem::forget(unwind);
+        match res {
             Ok(()) => Ok(slot.map(Completion::new)),
             Err(env) => {
                 let Envelope { msg, credit, .. } = env;
-                credit.release(1);
+                // SAFETY: the refused message still holds its unit.
+                unsafe { credit.release(1) };
                 Err(SubmitError::Closed(msg))
             }
         }
@@ -447,7 +270,6 @@ impl<K, M, O> SubmitFuture<'_, K, M, O> {
         if !self.acquire.poll(&task_waiter(cx.waker())) {
             return Poll::Pending;
         }
-        self.acquire.id = None;
         let (key, msg) = self.item.take().expect("checked");
         Poll::Ready(self.receiver.enqueue(key, msg, reply))
     }
@@ -493,55 +315,5 @@ impl<K, M, O> fmt::Debug for SendFuture<'_, K, M, O> {
         f.debug_struct("SendFuture")
             .field("pending", &self.inner.item.is_some())
             .finish()
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn credit_counts_and_caps() {
-        let c = Credit::new(2);
-        assert!(c.try_acquire());
-        assert!(c.try_acquire());
-        assert!(!c.try_acquire());
-        c.release(1);
-        assert!(c.try_acquire());
-        assert_eq!(c.in_flight(), 2);
-    }
-
-    #[test]
-    fn blocked_acquirer_is_woken_by_release() {
-        let c = std::sync::Arc::new(Credit::new(1));
-        assert!(c.try_acquire());
-        let c2 = c.clone();
-        let t = std::thread::spawn(move || {
-            let mut a = Acquire::new(&c2);
-            while !a.poll(&thread_waiter) {
-                std::thread::park();
-            }
-            a.id = None;
-        });
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        c.release(1);
-        t.join().unwrap();
-        assert_eq!(c.in_flight(), 1);
-        assert!(c.waiters.lock().queue.is_empty());
-    }
-
-    #[test]
-    fn dropped_notified_waiter_passes_the_wake_on() {
-        let c = Credit::new(1);
-        assert!(c.try_acquire());
-        let mut a = Acquire::new(&c);
-        let mut b = Acquire::new(&c);
-        assert!(!a.poll(&thread_waiter));
-        assert!(!b.poll(&thread_waiter));
-        c.release(1); // pops `a`
-        drop(a); // never retried: must hand the wake to `b`
-        assert!(c.waiters.lock().queue.is_empty(), "b was popped too");
-        assert!(b.poll(&thread_waiter));
-        b.id = None;
     }
 }

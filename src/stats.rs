@@ -41,8 +41,13 @@ pub struct WorkerStats {
 pub struct ExecutorStats {
     /// Per worker.
     pub workers: Vec<WorkerStats>,
-    /// Keys with a live mailbox, over every dispatcher.
+    /// Keys with work (a mailbox with messages queued, running or
+    /// suspended), over every dispatcher.
     pub live_mailboxes: usize,
+    /// Mailboxes that went idle and are kept a short while (until their
+    /// worker has had nothing to do for a couple of milliseconds) so their
+    /// key's next message reuses them.
+    pub idle_mailboxes: usize,
     /// Messages finished with an output.
     pub done: u64,
     /// Messages whose handler panicked.
@@ -51,6 +56,23 @@ pub struct ExecutorStats {
     pub rejected: u64,
     /// Suspended futures dropped by a force stop.
     pub cancelled: u64,
+    /// Futures spawned through [`futures_task::Spawn`].
+    pub spawned: SpawnedStats,
     /// Whether a stop began.
     pub closed: bool,
+}
+
+/// Counters of the futures spawned on a [`KeyedExecutor`](crate::KeyedExecutor)
+/// through [`futures_task::Spawn`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SpawnedStats {
+    /// Spawned and not finished (queued, running or pending).
+    pub live: usize,
+    /// Ran to completion.
+    pub done: u64,
+    /// Panicked (the future was dropped; the worker went on).
+    pub panicked: u64,
+    /// Dropped unfinished by a force stop.
+    pub cancelled: u64,
 }

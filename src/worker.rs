@@ -21,6 +21,9 @@
 //! state`. By the SeqCst fences, either the pusher sees `PARKED` (and wakes
 //! it) or the worker sees the pushed task (and cancels its park). Stops set
 //! the executor state first and then wake every parked worker the same way.
+//! During a graceful stop, the runner that retires a mailbox wakes the parked
+//! workers after removing it, so a worker going to sleep also re-checks,
+//! after its fence, whether everything drained.
 //!
 //! # Spin then park
 //!
@@ -29,10 +32,13 @@
 //! longer wait it parks at once. The spin also stops at once when a stop
 //! begins. Under loom the spin loop yields to the scheduler.
 
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
+use crate::credit::CreditRef;
 use crate::executor::Shared;
 use crate::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering::*};
 use crate::sync::{spin_loop, thread, Arc, Mutex, Queue};
@@ -95,10 +101,112 @@ impl Worker {
     }
 }
 
+/// An idle mailbox stays in its dispatcher's map, ready for its key's next
+/// message, until its worker has had nothing to do for this long...
+#[cfg(not(loom))]
+pub(crate) const IDLE_RETIRE_AFTER: Duration = Duration::from_millis(2);
+
+/// ...or until more than this many idle mailboxes wait on one worker; then
+/// the oldest half are retired. Under loom: retire at once.
+#[cfg(not(loom))]
+pub(crate) const IDLE_CAP: usize = 8192;
+#[cfg(loom)]
+pub(crate) const IDLE_CAP: usize = 0;
+
 /// What a running task knows about the worker running it.
 pub(crate) struct WorkerCx<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) index: usize,
+    /// Idle mailboxes of this worker, oldest first, kept for reuse until
+    /// retired. Only this thread touches it.
+    idle: RefCell<VecDeque<Task>>,
+    /// Credit units of finished messages not given back yet: returning them
+    /// in small batches keeps the credit's cache line from crossing cores on
+    /// every message. Given back when the batch is full, before a message of
+    /// another receiver starts, and before the worker waits for work.
+    pending: Cell<Option<(CreditRef, u64)>>,
+}
+
+impl WorkerCx<'_> {
+    /// A mailbox of this worker went idle.
+    pub(crate) fn went_idle(&self, task: Task) {
+        let len = {
+            let mut idle = self.idle.borrow_mut();
+            idle.push_back(task);
+            idle.len()
+        };
+        if len > IDLE_CAP {
+            self.retire_idle(IDLE_CAP / 2);
+        }
+    }
+
+    /// Retires the oldest idle mailboxes until at most `keep` are left.
+    fn retire_idle(&self, keep: usize) {
+        loop {
+            // Release the borrow before retiring: retiring may drop user
+            // values (a dispatcher's handler).
+            let task = {
+                let mut idle = self.idle.borrow_mut();
+                if idle.len() <= keep {
+                    return;
+                }
+                idle.pop_front()
+            };
+            match task {
+                Some(t) => t.retire(),
+                None => return,
+            }
+        }
+    }
+
+    fn has_idle(&self) -> bool {
+        !self.idle.borrow().is_empty()
+    }
+
+    /// A message of `credit` finished on this worker.
+    #[inline]
+    pub(crate) fn release_credit(&self, credit: CreditRef) {
+        let n = match self.pending.get() {
+            Some((c, n)) if c == credit => n + 1,
+            other => {
+                self.flush_credit_of(other);
+                1
+            }
+        };
+        if n >= credit.batch() {
+            self.pending.set(None);
+            // SAFETY: the `n` finished messages each held a unit.
+            unsafe { credit.release(n) };
+        } else {
+            self.pending.set(Some((credit, n)));
+        }
+    }
+
+    /// A message holding a unit of `credit` is about to start: give back
+    /// what other receivers are owed first, so a long handler never sits on
+    /// them.
+    #[inline]
+    pub(crate) fn before_start(&self, credit: CreditRef) {
+        if let Some((c, _)) = self.pending.get() {
+            if c != credit {
+                self.flush_credit();
+            }
+        }
+    }
+
+    /// Gives back every unit held back.
+    pub(crate) fn flush_credit(&self) {
+        let pending = self.pending.take();
+        self.flush_credit_of(pending);
+    }
+
+    fn flush_credit_of(&self, pending: Option<(CreditRef, u64)>) {
+        if let Some((c, n)) = pending {
+            self.pending.set(None);
+            // SAFETY: the `n` finished messages each held a unit.
+            unsafe { c.release(n) };
+        }
+    }
 }
 
 // loom's `thread_local!` does not take a `const { }` initializer.
@@ -108,9 +216,28 @@ mod current {
     crate::sync::thread_local! {
         /// The executor (its `Shared` address) whose worker this thread is, or 0.
         pub(super) static CURRENT: Cell<usize> = Cell::new(0);
+        /// This worker thread's `WorkerCx` (it lives on the thread's stack for
+        /// as long as the worker runs), or null.
+        pub(super) static CX: Cell<*const ()> = Cell::new(std::ptr::null());
     }
 }
-use current::CURRENT;
+use current::{CURRENT, CX};
+
+/// A submitter is about to wait for credit. If it runs on a worker (a handler
+/// submitting), give back the units that worker holds back first: they may
+/// be the very ones it waits for.
+pub(crate) fn flush_held_credit() {
+    CX.with(|cx| {
+        let cx = cx.get().cast::<WorkerCx<'static>>();
+        if !cx.is_null() {
+            // SAFETY: `CX` is set only on a worker thread, to its `WorkerCx`,
+            // which outlives every call made from that thread while it is set
+            // (it is cleared before the `WorkerCx` is dropped). `Cell`-only
+            // access: no borrow of it is live across a handler call.
+            unsafe { (*cx).flush_credit() };
+        }
+    });
+}
 
 /// Whether the current thread is a worker of the executor at `shared_id`.
 pub(crate) fn on_worker_of(shared_id: usize) -> bool {
@@ -130,7 +257,10 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let cx = WorkerCx {
         shared: &shared,
         index,
+        idle: RefCell::new(VecDeque::new()),
+        pending: Cell::new(None),
     };
+    CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
     // Allow a spin on the first idle period.
     let mut last_wait = Duration::ZERO;
     loop {
@@ -141,9 +271,17 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
                 task.run(&cx);
             }
         }
+        // Out of work: give back held-back credit before waiting.
+        cx.flush_credit();
         let st = shared.state();
         if shared.should_exit(st) {
             break;
+        }
+        if (cfg!(loom) || shared.is_closed()) && cx.has_idle() {
+            // Stopping (or under loom, where there is no clock): retire idle
+            // mailboxes before sleeping.
+            cx.retire_idle(0);
+            continue;
         }
         let idle_since = (!spin.is_zero()).then(Instant::now);
         if let Some(start) = idle_since {
@@ -154,10 +292,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             }
         }
         // Park: announce, then re-check everything a waker would publish:
-        // a push, a stop, and — during a graceful stop — the retirement of
-        // the last mailbox (`on_mailbox_retired` wakes only workers it sees
-        // PARKED, so one between its drained check above and this swap
-        // must see the retirement here).
+        // a push, a stop, and (during a graceful stop) the retirement of the
+        // last mailbox, whose retirer wakes only workers it sees parked.
         me.state.swap(PARKED, SeqCst);
         fence(SeqCst);
         if !me.queue.is_empty() || shared.state() != st || shared.should_exit(st) {
@@ -167,13 +303,14 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             continue;
         }
         me.counters.parks.fetch_add(1, Relaxed);
-        while me.state.load(SeqCst) == PARKED {
-            thread::park();
-        }
+        park(&cx, me);
         if let Some(start) = idle_since {
             last_wait = start.elapsed();
         }
     }
+    cx.flush_credit();
+    // Retire the idle mailboxes kept for reuse (they hold their dispatcher).
+    cx.retire_idle(0);
     // Forced stop: cancel whatever was pushed meanwhile.
     while let Some(task) = me.queue.pop() {
         task.cancel();
@@ -182,8 +319,43 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     if let Some(hook) = &shared.config.on_thread_stop {
         hook();
     }
+    CX.with(|c| c.set(std::ptr::null()));
     CURRENT.with(|c| c.set(0));
     shared.worker_exited();
+}
+
+/// Sleeps until woken. With idle mailboxes kept for reuse, wakes up after
+/// `IDLE_RETIRE_AFTER` with nothing to do to retire them, then returns (the
+/// loop parks again, with nothing kept, until woken).
+fn park(cx: &WorkerCx<'_>, me: &Worker) {
+    #[cfg(not(loom))]
+    if cx.has_idle() {
+        let deadline = Instant::now() + IDLE_RETIRE_AFTER;
+        loop {
+            if me.state.load(SeqCst) != PARKED {
+                return;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                // Nobody came: leave the park ourselves. If a waker beat us
+                // to it, there is work; the idle mailboxes can wait.
+                if me
+                    .state
+                    .compare_exchange(PARKED, RUNNING, SeqCst, Relaxed)
+                    .is_ok()
+                {
+                    cx.retire_idle(0);
+                }
+                return;
+            }
+            thread::park_timeout(deadline - now);
+        }
+    }
+    #[cfg(loom)]
+    let _ = cx;
+    while me.state.load(SeqCst) == PARKED {
+        thread::park();
+    }
 }
 
 /// Spins until work arrives (true), `spin` passes, or a stop begins.

@@ -703,3 +703,41 @@ fn shutdown_from_inside_a_handler_does_not_deadlock() {
     assert!(executor.shutdown(Duration::from_secs(10)));
     ex2.lock().unwrap().take();
 }
+
+#[test]
+fn a_handler_waiting_for_credit_is_not_starved_by_units_its_worker_holds_back() {
+    // One worker, a full receiver of 32: the gate message finishes (its unit
+    // may be held back by the worker to return in a batch), then key 0's
+    // handler submits on the same receiver and waits for a unit while 30
+    // fillers wait behind it on the same worker. Only the unit the worker
+    // holds can unblock it.
+    let executor = KeyedExecutor::builder().workers(1).build().unwrap();
+    let gate = Gate::new();
+    let slot: Arc<Mutex<Option<keyed_executor::Receiver<u32, u32, u32>>>> = Arc::default();
+    let (g, s) = (gate.clone(), slot.clone());
+    let dispatcher = executor.dispatcher(handler::from_fn(move |key: &u32, m: u32| {
+        match *key {
+            99 => g.wait(),
+            0 => {
+                let r = s.lock().unwrap().clone().unwrap();
+                let done = r.submit_blocking(98, m + 1).unwrap();
+                drop(done);
+            }
+            _ => {}
+        }
+        m
+    }));
+    let r = dispatcher.receiver(32).unwrap();
+    *slot.lock().unwrap() = Some(r.clone());
+    let first = r.try_submit(99, 0).unwrap();
+    let blocked = r.try_submit(0, 10).unwrap();
+    let fillers: Vec<_> = (1..=30).map(|k| r.try_submit(k, k).unwrap()).collect();
+    assert!(r.try_submit(1, 1).unwrap_err().is_full());
+    gate.open();
+    first.wait().unwrap();
+    assert_eq!(blocked.wait().unwrap(), 10);
+    for (k, h) in (1..=30).zip(fillers) {
+        assert_eq!(h.wait().unwrap(), k);
+    }
+    slot.lock().unwrap().take();
+}

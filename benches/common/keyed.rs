@@ -3,6 +3,8 @@
 use crate::common::design::{Cfg, Design, Family, Handler, SendTo};
 use crate::common::work::Msg;
 use keyed_executor::{handler, KeyedExecutor, Receiver};
+// Same hash as the tokio/smol peers' DashMaps (the crate's default is SipHash).
+use rustc_hash::FxBuildHasher;
 use std::any::Any;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -51,15 +53,21 @@ impl<H: Handler> Design<H> for Keyed<H> {
             .expect("keyed-executor config");
         let work = Arc::new(work);
         let (dispatcher, receiver): (Box<dyn Any + Send>, _) = if H::ASYNC {
-            let d = executor.dispatcher(handler::from_async_fn(move |key: u64, msg: Msg| {
-                work.call(key, msg)
-            }));
+            let d = executor
+                .dispatcher_builder(handler::from_async_fn(move |key: u64, msg: Msg| {
+                    work.call(key, msg)
+                }))
+                .hasher(FxBuildHasher)
+                .build();
             let r = d.receiver(cfg.credit).expect("receiver");
             (Box::new(d), r)
         } else {
-            let d = executor.dispatcher(handler::from_fn(move |key: &u64, msg: Msg| {
-                work.call_blocking(*key, msg)
-            }));
+            let d = executor
+                .dispatcher_builder(handler::from_fn(move |key: &u64, msg: Msg| {
+                    work.call_blocking(*key, msg)
+                }))
+                .hasher(FxBuildHasher)
+                .build();
             let r = d.receiver(cfg.credit).expect("receiver");
             (Box::new(d), r)
         };

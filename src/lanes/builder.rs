@@ -155,7 +155,9 @@ impl<K: Kernel> LanesBuilder<K> {
     }
 
     /// Where [`LanesEvent`]s go. Default: standard error, one line each
-    /// (keys are not printed: the key type need not be `Debug`).
+    /// (keys are not printed: the key type need not be `Debug`); with the
+    /// `tracing` cargo feature, a WARN event (target `keyed_executor::lanes`)
+    /// instead.
     pub fn on_event<F>(mut self, hook: F) -> Self
     where
         F: Fn(&LanesEvent<'_, K::Key>) + Send + Sync + 'static,

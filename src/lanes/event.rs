@@ -4,7 +4,8 @@
 //!
 //! Events go to the hook given to
 //! [`LanesBuilder::on_event`](super::LanesBuilder::on_event), or, without
-//! one, to standard error. Their `Display` never prints keys (the key type
+//! one, to standard error (with the `tracing` feature: a WARN event with
+//! target `keyed_executor::lanes`). Their `Display` never prints keys (the key type
 //! need not be `Debug`); a hook that can print keys reads them from the
 //! variant.
 

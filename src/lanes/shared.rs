@@ -68,6 +68,17 @@ pub(crate) struct Shared<K: Kernel> {
     close_waiters: Mutex<Vec<Waker>>,
 }
 
+/// Gives back one entered command's count when dropped (see `enter`).
+struct Uncount<'a, K: Kernel>(&'a Shared<K>);
+
+impl<K: Kernel> Drop for Uncount<'_, K> {
+    fn drop(&mut self) {
+        if self.0.accounts.release(1) {
+            self.0.wake_closers();
+        }
+    }
+}
+
 /// What driving a batch future for one poll came to.
 #[must_use]
 pub(crate) enum Driven {
@@ -144,6 +155,10 @@ impl<K: Kernel> Shared<K> {
                 });
             }
         }
+        // Counted in. The key's `Hash`, `Eq` and `Clone` run below: if one
+        // panics, the panic goes to the caller with the command, and the
+        // count (and the limit's unit) comes back.
+        let counted = Uncount(self);
         let mut map = self.shard(&key);
         loop {
             let lane = map
@@ -151,15 +166,16 @@ impl<K: Kernel> Shared<K> {
                 .or_insert_with(|| Arc::new(Lane::new(key.clone())))
                 .clone();
             match lane.enter(command, deadline, waker, self.lane_capacity, now) {
-                Enter::Queued(slot) => return Ok((lane, slot)),
+                Enter::Queued(slot) => {
+                    std::mem::forget(counted);
+                    return Ok((lane, slot));
+                }
                 Enter::Full {
                     command,
                     retry_after,
                 } => {
                     drop(map);
-                    if self.accounts.release(1) {
-                        self.wake_closers();
-                    }
+                    drop(counted);
                     return Err(LaneError::Busy {
                         command,
                         retry_after,
@@ -319,14 +335,15 @@ impl<K: Kernel> Shared<K> {
         }
     }
 
-    /// Reports an event to the hook, or to standard error.
+    /// Reports an event to the hook, or without one to standard error (with
+    /// the `tracing` feature: a WARN event).
     pub(crate) fn emit(&self, event: &LanesEvent<'_, K::Key>) {
         match &self.on_event {
             Some(hook) => {
                 // A panicking log hook must not take a lane down with it.
                 let _ = catch_unwind(AssertUnwindSafe(|| hook(event)));
             }
-            None => eprintln!("keyed-executor lanes: {event}"),
+            None => crate::trace::lanes_event(&event),
         }
     }
 
