@@ -48,7 +48,7 @@ use std::ptr::NonNull;
 use crossbeam_utils::CachePadded;
 
 use crate::sync::atomic::{AtomicU64, Ordering::*};
-use crate::sync::Mutex;
+use crate::sync::{cas_guess, Mutex};
 use crate::waiter::Waiter;
 
 const IN_FLIGHT_MASK: u64 = (1 << 40) - 1;
@@ -159,7 +159,7 @@ impl CreditRef {
         // SAFETY: the units we hold keep the credit alive until we give them
         // back below.
         let credit = unsafe { self.0.as_ref() };
-        let mut cur = credit.word.load(Relaxed);
+        let mut cur = cas_guess(&credit.word);
         loop {
             debug_assert!(cur & IN_FLIGHT_MASK >= n, "credit released twice");
             if cur & WAITERS != 0 {
@@ -208,7 +208,7 @@ impl Credit {
     /// Takes one unit if one is free.
     #[inline]
     pub(crate) fn try_acquire(&self) -> bool {
-        let mut cur = self.word.load(Relaxed);
+        let mut cur = cas_guess(&self.word);
         loop {
             if cur & IN_FLIGHT_MASK >= self.max {
                 // Re-read with SeqCst so a failing acquire that is followed by
