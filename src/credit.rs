@@ -393,6 +393,10 @@ mod tests {
         assert_eq!(h.credit().in_flight(), 1);
         assert!(h.credit().waiters.lock().queue.is_empty());
         assert_eq!(h.credit().word.load(SeqCst) & WAITERS, 0);
+        // Give back the unit the thread took, or the credit is never freed
+        // (Miri reports the leak).
+        // SAFETY: one unit is held.
+        unsafe { h.as_ref().release(1) };
     }
 
     #[test]
@@ -409,5 +413,7 @@ mod tests {
         drop(a); // never retried: must hand the wake to `b`
         assert!(c.waiters.lock().queue.is_empty(), "b was popped too");
         assert!(b.poll(&thread_waiter));
+        // SAFETY: `b` took the one unit.
+        unsafe { h.as_ref().release(1) };
     }
 }
