@@ -229,7 +229,9 @@ impl Log {
 /// the worker is still inside the poll that stored it.
 pub struct Gate {
     open: AtomicBool,
-    waker: Mutex<Option<Waker>>,
+    /// The parked waker, and whether the opener should stop waiting for
+    /// one ([`Gate::release_waiter`]).
+    waker: Mutex<(Option<Waker>, bool)>,
     stored: Condvar,
 }
 
@@ -237,20 +239,24 @@ impl Gate {
     pub fn new() -> Arc<Gate> {
         Arc::new(Gate {
             open: AtomicBool::new(false),
-            waker: Mutex::new(None),
+            waker: Mutex::new((None, false)),
             stored: Condvar::new(),
         })
     }
 
     /// Waits until a poll stored its waker, opens the gate and wakes the
     /// task; then wakes it `stale` more times (late, possibly after the
-    /// message completed), and drops the waker.
+    /// message completed), and drops the waker. Returns at once, without
+    /// opening, if [`Gate::release_waiter`] was called first.
     pub fn open_and_wake(&self, stale: usize) {
         let waker = {
             let mut slot = self.waker.lock().unwrap();
             loop {
-                if let Some(w) = slot.take() {
+                if let Some(w) = slot.0.take() {
                     break w;
+                }
+                if slot.1 {
+                    return;
                 }
                 slot = self.stored.wait(slot).unwrap();
             }
@@ -263,10 +269,33 @@ impl Gate {
         drop(waker);
     }
 
+    /// Opens the gate before anyone polls it (no waker involved).
+    pub fn open_now(&self) {
+        self.open.store(true, SeqCst);
+    }
+
+    /// Ready once the gate is open; otherwise parks the waker (telling
+    /// [`Gate::open_and_wake`] it is there) and is pending.
+    pub fn poll_open(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.open.load(SeqCst) {
+            return Poll::Ready(());
+        }
+        self.waker.lock().unwrap().0 = Some(cx.waker().clone());
+        self.stored.notify_one();
+        Poll::Pending
+    }
+
     /// Drops a waker left behind (the handler that holds the gate lives in
     /// the dispatcher, and a waker holds its mailbox: a cycle otherwise).
     pub fn clear(&self) {
-        drop(self.waker.lock().unwrap().take());
+        drop(self.waker.lock().unwrap().0.take());
+    }
+
+    /// Lets a waiting [`Gate::open_and_wake`] return without a waker (the
+    /// future was dropped before its first poll).
+    pub fn release_waiter(&self) {
+        self.waker.lock().unwrap().1 = true;
+        self.stored.notify_one();
     }
 }
 
@@ -394,15 +423,7 @@ impl Future for Work {
                     false
                 }
             }
-            Act::Gated(gate) => {
-                if gate.open.load(SeqCst) {
-                    true
-                } else {
-                    *gate.waker.lock().unwrap() = Some(cx.waker().clone());
-                    gate.stored.notify_one();
-                    false
-                }
-            }
+            Act::Gated(gate) => gate.poll_open(cx).is_ready(),
         };
         if !ready {
             return Poll::Pending;
