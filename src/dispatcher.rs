@@ -259,9 +259,13 @@ where
                     // counted in `sent` and not yet in `received`.
                     let mailbox = unsafe { d.mailbox.as_ref() };
                     if mailbox.deliver(d.env) {
-                        // SAFETY: the pointer is an `Arc`'s, kept alive by
-                        // the pin (see above); we take a new reference.
-                        let arc = unsafe { arc_clone_raw(d.mailbox.as_ptr().cast_const()) };
+                        // SAFETY: we are the mailbox's worker thread.
+                        let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| {
+                            // A new mailbox has no parked reference: take one.
+                            // SAFETY: the pointer is an `Arc`'s, kept alive by
+                            // the pin (see above).
+                            unsafe { arc_clone_raw(d.mailbox.as_ptr().cast_const()) }
+                        });
                         cx.push_local(Task::new(arc));
                     }
                 }

@@ -89,7 +89,7 @@ use crate::dispatcher::DispatcherInner;
 use crate::error::{Panic, TaskError};
 use crate::handler::Handler;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
-use crate::sync::{Arc, Mutex, UnsafeCell};
+use crate::sync::{Arc, SpinLock, UnsafeCell};
 use crate::task::{Runnable, Task};
 use crate::trace;
 use crate::waker::{Wake, WakerRef};
@@ -144,17 +144,24 @@ enum AfterPending {
     Requeued,
 }
 
+// `repr(C)` so the fields every message touches (state, queue lock, queue
+// header) share the first cache line with the `Arc`'s counts.
+#[repr(C)]
 pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
+    queue: SpinLock<VecDeque<Envelope<M, H::Output>>>,
+    /// Messages delivered into `queue` so far (by the worker's port; read by
+    /// retire and drain checks against the pin's `sent`).
+    received: AtomicU64,
+    /// The reference an idle mailbox keeps to itself for its next turn, so
+    /// reviving it costs no reference-count traffic. Only its worker thread
+    /// touches it; dropped when the mailbox is retired or closed.
+    parked: UnsafeCell<Option<Arc<Self>>>,
     /// The worker this mailbox always runs on (sticky).
     worker: usize,
     /// The key's hash, which picks its shard.
     hash: u64,
     key: K,
-    queue: Mutex<VecDeque<Envelope<M, H::Output>>>,
-    /// Messages delivered into `queue` so far (by the worker's port; read by
-    /// retire and drain checks against the pin's `sent`).
-    received: AtomicU64,
     /// The running message's future. Owned by whoever holds `RUNNING` (or
     /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
     future: UnsafeCell<Option<trace::Instrumented<H::Future>>>,
@@ -208,8 +215,9 @@ where
             worker,
             hash,
             key,
-            queue: Mutex::new(VecDeque::new()),
+            queue: SpinLock::new(VecDeque::new()),
             received: AtomicU64::new(0),
+            parked: UnsafeCell::new(None),
             future: UnsafeCell::new(None),
             meta: UnsafeCell::new(None),
             listed: AtomicBool::new(false),
@@ -234,7 +242,7 @@ where
 
     /// Delivers a message (its worker's port, on the worker). Returns true
     /// if the mailbox was idle: this call moved it `IDLE` → `SCHEDULED` and
-    /// the caller must queue it.
+    /// the caller must queue it (see [`take_parked`](Self::take_parked)).
     #[inline]
     pub(crate) fn deliver(&self, env: Envelope<M, H::Output>) -> bool {
         let mut q = self.queue.lock();
@@ -252,6 +260,18 @@ where
         self.received
             .store(self.received.load(Relaxed) + 1, Release);
         revive
+    }
+
+    /// The reference the mailbox kept to itself when it went idle (none for
+    /// a new mailbox).
+    ///
+    /// # Safety
+    /// Only on the mailbox's worker thread.
+    #[inline]
+    pub(crate) unsafe fn take_parked(&self) -> Option<Arc<Self>> {
+        // SAFETY: only the mailbox's worker thread touches `parked`
+        // (caller's contract).
+        self.parked.with_mut(|p| unsafe { (*p).take() })
     }
 
     /// Messages delivered so far.
@@ -591,9 +611,20 @@ where
                     // Stay in the map for a while, so the key's next message
                     // reuses this mailbox; the worker retires it later.
                     // Only this worker's thread touches `listed`: no RMW.
-                    if !this.listed.load(Relaxed) {
+                    let list = (!this.listed.load(Relaxed)).then(|| {
                         this.listed.store(true, Relaxed);
-                        cx.went_idle(Task::new(this));
+                        Task::new(this.clone())
+                    });
+                    // Keep our reference for the next turn (see `parked`),
+                    // before listing: listing may retire idle mailboxes.
+                    let cell: *const UnsafeCell<Option<Arc<Self>>> = &this.parked;
+                    // SAFETY: we are the mailbox's worker thread, the only one
+                    // touching `parked`; the cell lives inside the mailbox,
+                    // which the reference we store keeps alive.
+                    let stale = unsafe { (*cell).with_mut(|p| (*p).replace(this)) };
+                    debug_assert!(stale.is_none());
+                    if let Some(task) = list {
+                        cx.went_idle(task);
                     }
                     return;
                 }
@@ -608,7 +639,15 @@ where
 
     fn retire(this: Arc<Self>) {
         this.listed.store(false, Relaxed);
-        if let Retire::Retired = this.dispatcher.retire(&this, this.hash) {
+        let retired = matches!(this.dispatcher.retire(&this, this.hash), Retire::Retired);
+        // Drop the reference it kept to itself whatever happened: closed
+        // for good, it would never be freed; still busy (a delivery in
+        // flight), it is no longer listed and a force stop could reject that
+        // delivery, leaving nobody to drop it. Reviving it then takes a new
+        // reference instead.
+        // SAFETY: `retire` runs on the mailbox's worker thread.
+        drop(unsafe { this.take_parked() });
+        if retired {
             this.dispatcher.shared.on_mailbox_retired();
         }
     }
