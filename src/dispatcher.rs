@@ -189,9 +189,27 @@ where
         pin.sent += 1;
         let worker = pin.mailbox.worker();
         let port = &this.ports[worker];
+        // A handler submitting to a key of its own worker, with nothing in
+        // that worker's inbox for us to overtake: deliver straight into the
+        // mailbox (we are its worker, and not inside the port's turn).
+        let mut env = Some(env);
+        if port.inbox.is_empty() {
+            let mailbox = &pin.mailbox;
+            let direct = crate::worker::with_worker_cx(this.shared.id(), worker, |cx| {
+                let env = env.take().expect("taken once");
+                if mailbox.deliver(env) {
+                    // SAFETY: we are the mailbox's worker thread.
+                    let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| mailbox.clone());
+                    cx.push_local(Task::new(arc));
+                }
+            });
+            if direct.is_some() {
+                return Ok(());
+            }
+        }
         port.inbox.push(Delivery {
             mailbox: NonNull::from(&*pin.mailbox),
-            env,
+            env: env.take().expect("not delivered directly"),
         });
         // Pushed under the shard lock: a force stop that has taken this lock
         // after setting FORCED finds the delivery in the inbox.

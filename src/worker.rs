@@ -271,6 +271,30 @@ mod current {
 }
 use current::{CURRENT, CX};
 
+/// Runs `f` with the current thread's `WorkerCx` if this thread is worker
+/// `index` of the executor at `shared_id` (a handler submitting to a key on
+/// its own worker).
+pub(crate) fn with_worker_cx<R>(
+    shared_id: usize,
+    index: usize,
+    f: impl FnOnce(&WorkerCx<'_>) -> R,
+) -> Option<R> {
+    if CURRENT.with(|c| c.get()) != shared_id {
+        return None;
+    }
+    CX.with(|cx| {
+        let cx = cx.get().cast::<WorkerCx<'static>>();
+        if cx.is_null() {
+            return None;
+        }
+        // SAFETY: as in `flush_held_credit`: set only on a worker thread to
+        // its live `WorkerCx`; only `Cell`/`RefCell` access follows, and no
+        // `RefCell` borrow is held while a handler runs.
+        let cx = unsafe { &*cx };
+        (cx.index == index).then(|| f(cx))
+    })
+}
+
 /// A submitter is about to wait for credit. If it runs on a worker (a handler
 /// submitting), give back the units that worker holds back first: they may
 /// be the very ones it waits for.
