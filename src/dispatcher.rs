@@ -1,21 +1,44 @@
-//! Dispatchers: one handler, its map of live mailboxes (one per key that has
-//! work), and the receivers that feed it.
+//! Dispatchers: one handler, its pins (which worker each key with work is
+//! on), its ports (one inbox per worker) and the receivers that feed it.
 //!
-//! The map is split in shards, each a mutex around a hash set of mailboxes
-//! keyed by their key. The shard lock is the hinge of the remove-vs-submit
-//! race (see `mailbox.rs`): submitters push into a mailbox, and runners retire
-//! an idle one, only while holding it. It is also where a submit racing a stop
-//! is decided: the executor's `CLOSED` flag is read under the shard lock, and
-//! both stops look at (or drain) every shard under its lock after setting the
-//! flag, so a message is either refused with `Closed(msg)` or seen by the
-//! stop — never lost in between.
+//! # Routing
+//!
+//! A submitter hashes the key, locks the key's shard and looks up its
+//! [`Pin`]: the key's mailbox, and how many messages were `sent` to it. A key
+//! without a pin gets a new mailbox on the worker `pick_worker` chooses (a
+//! running one with nothing queued, else a parked one, else the next in
+//! turn). The submitter then pushes a delivery (mailbox pointer + message) on
+//! that worker's [`Port`] inbox, *still under the shard lock*, and wakes the
+//! port if it is idle. Only submitters write pins and only the port's worker
+//! writes its mailboxes, so a message costs no cache-line exchange on the
+//! key's state: signalling is per worker, as in a striped pool.
+//!
+//! The worker drains its port into the mailboxes' queues (counting them in
+//! `received`) and puts each mailbox that was idle at the back of its own
+//! FIFO queue, where it runs as described in `mailbox.rs`.
+//!
+//! # The shard lock decides the races
+//!
+//! - submit vs. retire: the worker retires an idle mailbox (removes its pin)
+//!   under the shard lock, and only if `sent == received`: no delivery of it
+//!   is in flight, and no submitter can find it afterwards.
+//! - submit vs. stop: the executor's `CLOSED` flag is read under the shard
+//!   lock. A graceful stop counts a key as drained under that lock only when
+//!   `sent == received` and its mailbox is idle. A force stop takes every
+//!   shard lock once after setting `FORCED` (so every push that got past the
+//!   flag is in an inbox), then empties each port's inbox under the port's
+//!   gate (which the worker holds while it delivers, so no delivery is half
+//!   way), then walks the pins and hands back every queued message, all on
+//!   the stopping thread. A message is either refused with `Closed(msg)` or
+//!   seen by the stop — never lost in between.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
@@ -25,18 +48,71 @@ use crate::credit::CreditRef;
 use crate::error::{ConfigError, Panic, TaskError};
 use crate::executor::{KeyedExecutor, Shared};
 use crate::handler::Handler;
-use crate::mailbox::{Envelope, Mailbox, MailboxRef, Push, Retire};
+use crate::mailbox::{Envelope, Mailbox, Retire};
 use crate::receiver::Receiver;
+use crate::sync::atomic::fence;
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
-use crate::sync::{Arc, Mutex};
-use crate::task::Task;
+use crate::sync::{arc_clone_raw, Arc, Mutex, Queue};
+use crate::task::{Runnable, Task};
 use crate::trace;
 use crate::worker::WorkerCx;
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
 type PanicHook<K> = Box<dyn Fn(&K, Panic) + Send + Sync + 'static>;
-type Map<K, M, H, S> = HashSet<MailboxRef<K, M, H, S>, S>;
+type Map<K, M, H, S> = HashMap<K, Pin<K, M, H, S>, S>;
 type Shard<K, M, H, S> = CachePadded<Mutex<Map<K, M, H, S>>>;
+type PaddedPort<K, M, H, S> = CachePadded<Port<K, M, H, S>>;
+
+/// Deliveries a port moves into mailboxes per turn before letting the
+/// worker's other tasks run.
+const PORT_BATCH: usize = 64;
+
+/// Port states.
+const PORT_IDLE: usize = 0;
+const PORT_SCHEDULED: usize = 1;
+const PORT_RUNNING: usize = 2;
+
+/// Where a key with work lives. Written only under its shard lock.
+pub(crate) struct Pin<K, M, H: Handler<K, M>, S> {
+    mailbox: Arc<Mailbox<K, M, H, S>>,
+    /// Messages pushed to the mailbox's port; compared with the mailbox's
+    /// `received` to know that none is in flight.
+    sent: u64,
+}
+
+/// A message on its way to its mailbox. The pointer is valid because the
+/// pin holds the mailbox while `sent > received` (this delivery counts).
+struct Delivery<K, M, H: Handler<K, M>, S> {
+    mailbox: NonNull<Mailbox<K, M, H, S>>,
+    env: Envelope<M, H::Output>,
+}
+
+// SAFETY: a delivery moves a message (`M: Send`) and a pointer to a mailbox
+// that is `Sync` (see `mailbox.rs`) to the mailbox's worker.
+unsafe impl<K, M, H, S> Send for Delivery<K, M, H, S>
+where
+    K: Send + Sync,
+    M: Send,
+    H: Handler<K, M>,
+    S: Send + Sync,
+{
+}
+
+/// A dispatcher's inbox on one worker.
+///
+/// `state`: `PORT_IDLE` (not queued), `PORT_SCHEDULED` (its task is in the
+/// worker's queue, exactly once), `PORT_RUNNING` (the worker delivers). A
+/// submitter pushes, fences, and moves it `IDLE` → `SCHEDULED` (CAS) to queue
+/// it; the worker, done delivering, stores `IDLE`, fences and re-checks the
+/// inbox: either the submitter saw `RUNNING`/`SCHEDULED` after its push, or
+/// the worker sees the push (SeqCst fences on both sides).
+struct Port<K, M, H: Handler<K, M>, S> {
+    state: AtomicUsize,
+    inbox: Queue<Delivery<K, M, H, S>>,
+    /// Held by the worker while it delivers, and by a force stop while it
+    /// empties the inbox; `true` once a force stop emptied it.
+    gate: Mutex<bool>,
+}
 
 /// The typed heart of a dispatcher. Mailboxes point back to it.
 pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
@@ -44,6 +120,7 @@ pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     pub(crate) handler: H,
     hasher: S,
     shards: Box<[Shard<K, M, H, S>]>,
+    ports: Box<[PaddedPort<K, M, H, S>]>,
     on_reject: Option<RejectHook<K, M>>,
     on_panic: Option<PanicHook<K>>,
     /// User-facing handles (`Dispatcher`s and `Receiver`s).
@@ -73,68 +150,162 @@ where
         key: K,
         env: Envelope<M, H::Output>,
     ) -> Result<(), Envelope<M, H::Output>> {
+        use std::collections::hash_map::Entry;
         let hash = this.hasher.hash_one(&key);
         let shard = this.shard(hash);
-        let mut set = shard.lock();
+        let mut map = shard.lock();
         if this.shared.is_closed() {
             return Err(env);
         }
-        if let Some(existing) = set.get(&key) {
-            if !existing.0.is_closed() {
-                if let Push::Schedule = existing.0.push(env) {
-                    let mailbox = existing.0.clone();
-                    drop(set);
-                    this.shared.schedule(mailbox.worker(), Task::new(mailbox));
+        let pin = match map.entry(key) {
+            Entry::Occupied(e) if !e.get().mailbox.is_closed() => e.into_mut(),
+            Entry::Occupied(mut e) => {
+                // A closed mailbox still pinned: either a force stop closed it
+                // after our check above (a runner saw FORCED), and the stop's
+                // walk will hand back its queue, so we refuse; or one was left
+                // behind (its key's `Hash` panicked while it retired): replace
+                // it. A runner only closes a forced mailbox after FORCED is
+                // set, so this re-check sees the flag.
+                if this.shared.is_closed() {
+                    return Err(env);
                 }
+                let worker = this.shared.pick_worker();
+                let mailbox = Mailbox::new(e.key().clone(), hash, worker, this.clone());
+                e.insert(Pin {
+                    mailbox: Arc::new(mailbox),
+                    sent: 0,
+                });
+                e.into_mut()
+            }
+            Entry::Vacant(e) => {
+                let worker = this.shared.pick_worker();
+                let mailbox = Mailbox::new(e.key().clone(), hash, worker, this.clone());
+                e.insert(Pin {
+                    mailbox: Arc::new(mailbox),
+                    sent: 0,
+                })
+            }
+        };
+        pin.sent += 1;
+        let worker = pin.mailbox.worker();
+        let port = &this.ports[worker];
+        // A handler submitting to a key of its own worker, with nothing in
+        // that worker's inbox for us to overtake: deliver straight into the
+        // mailbox (we are its worker, and not inside the port's turn).
+        let mut env = Some(env);
+        if port.inbox.is_empty() {
+            let mailbox = &pin.mailbox;
+            let direct = crate::worker::with_worker_cx(this.shared.id(), worker, |cx| {
+                let env = env.take().expect("taken once");
+                if mailbox.deliver(env) {
+                    // SAFETY: we are the mailbox's worker thread.
+                    let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| mailbox.clone());
+                    cx.push_local(Task::new(arc));
+                }
+            });
+            if direct.is_some() {
                 return Ok(());
             }
-            // A closed mailbox still in the map: either a force stop closed
-            // it after our check above (a runner saw FORCED), and the stop's
-            // walk will hand back its queue, so it must stay and we refuse;
-            // or one was left behind (its key's `Hash` panicked while it
-            // retired): replace it. A runner only closes a mailbox it finds
-            // forced after FORCED is set, so this re-check sees the flag.
-            if this.shared.is_closed() {
-                return Err(env);
-            }
-            set.remove(&key);
         }
-        let worker = this.shared.pick_worker();
-        let mailbox = Arc::new(Mailbox::new(key, hash, worker, env, this.clone()));
-        set.insert(MailboxRef(mailbox.clone()));
-        drop(set);
-        this.shared.schedule(worker, Task::new(mailbox));
+        port.inbox.push(Delivery {
+            mailbox: NonNull::from(&*pin.mailbox),
+            env: env.take().expect("not delivered directly"),
+        });
+        // Pushed under the shard lock: a force stop that has taken this lock
+        // after setting FORCED finds the delivery in the inbox.
+        drop(map);
+        fence(SeqCst);
+        if port.state.load(SeqCst) == PORT_IDLE
+            && port
+                .state
+                .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
+                .is_ok()
+        {
+            this.shared.schedule(worker, Task::new(this.clone()));
+        }
         Ok(())
     }
 
-    /// The worker of an idle `mailbox` retires it: under the shard lock,
-    /// close it and remove it from the map unless a message arrived.
+    /// The worker of an idle `mailbox` retires it: under the shard lock, if
+    /// no delivery of it is in flight, close it and remove its pin.
     pub(crate) fn retire(&self, mailbox: &Arc<Mailbox<K, M, H, S>>, hash: u64) -> Retire {
-        let mut set = self.shard(hash).lock();
-        if !mailbox.close_if_idle() {
-            return Retire::Busy;
-        }
+        let mut map = self.shard(hash).lock();
+        let mut outcome = Retire::Busy;
         // `Hash`/`Eq` are user code: a panic here must not kill the worker.
-        // The mailbox is closed either way; a closed entry left behind is
-        // replaced by the next submit for its key.
+        // If it does, the mailbox stays (idle) and its pin with it.
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            let ours = set
-                .get(mailbox.key())
-                .is_some_and(|r| Arc::ptr_eq(&r.0, mailbox));
-            if ours {
-                set.remove(mailbox.key());
+            match map.get(mailbox.key()) {
+                Some(pin) if Arc::ptr_eq(&pin.mailbox, mailbox) => {
+                    if pin.sent == mailbox.received() && mailbox.close_if_idle() {
+                        map.remove(mailbox.key());
+                        outcome = Retire::Retired;
+                    }
+                }
+                // Not findable: taken by a force stop, replaced, or a key
+                // whose `Eq` is not reflexive (then no submit can reach it).
+                _ => {
+                    if mailbox.close_if_idle() {
+                        outcome = Retire::Retired;
+                    }
+                }
             }
             // Give memory back once most keys went quiet.
-            let len = set.len();
-            if set.capacity() > 64 && len * 4 < set.capacity() {
-                set.shrink_to(len * 2);
+            let len = map.len();
+            if map.capacity() > 64 && len * 4 < map.capacity() {
+                map.shrink_to(len * 2);
             }
         }));
-        drop(set);
-        if self.handles.load(Acquire) == 0 {
+        drop(map);
+        if matches!(outcome, Retire::Retired) && self.handles.load(Acquire) == 0 {
             self.shared.deregister_if_idle(self.id);
         }
-        Retire::Retired
+        outcome
+    }
+
+    /// The port's turn on `cx`'s worker: move up to `PORT_BATCH` deliveries
+    /// into their mailboxes, queueing each mailbox that was idle.
+    fn run_port(this: Arc<Self>, cx: &WorkerCx<'_>) {
+        let port = &this.ports[cx.index];
+        port.state.store(PORT_RUNNING, SeqCst);
+        let mut more = false;
+        {
+            let closed = port.gate.lock();
+            if !*closed {
+                for _ in 0..PORT_BATCH {
+                    let Some(d) = port.inbox.pop() else { break };
+                    // SAFETY: the pin holds the mailbox while this delivery is
+                    // counted in `sent` and not yet in `received`.
+                    let mailbox = unsafe { d.mailbox.as_ref() };
+                    if mailbox.deliver(d.env) {
+                        // SAFETY: we are the mailbox's worker thread.
+                        let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| {
+                            // A new mailbox has no parked reference: take one.
+                            // SAFETY: the pointer is an `Arc`'s, kept alive by
+                            // the pin (see above).
+                            unsafe { arc_clone_raw(d.mailbox.as_ptr().cast_const()) }
+                        });
+                        cx.push_local(Task::new(arc));
+                    }
+                }
+                more = !port.inbox.is_empty();
+            }
+        }
+        if more {
+            // Fairness: let the worker's other tasks run, then come back.
+            port.state.store(PORT_SCHEDULED, SeqCst);
+            cx.push_local(Task::new(this));
+            return;
+        }
+        port.state.store(PORT_IDLE, SeqCst);
+        fence(SeqCst);
+        if !port.inbox.is_empty()
+            && port
+                .state
+                .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
+                .is_ok()
+        {
+            cx.push_local(Task::new(this));
+        }
     }
 
     /// Delivers a finished message's outcome and returns its credit.
@@ -228,17 +399,69 @@ where
     fn count_mailboxes(&self) -> (usize, usize, usize) {
         let (mut live, mut idle, mut all) = (0, 0, 0);
         for shard in self.shards.iter() {
-            let set = shard.lock();
-            all += set.len();
-            for m in set.iter() {
-                if m.0.is_at_rest() {
-                    idle += usize::from(!m.0.is_closed());
+            let map = shard.lock();
+            all += map.len();
+            for pin in map.values() {
+                if pin.sent == pin.mailbox.received() && pin.mailbox.is_at_rest() {
+                    idle += usize::from(!pin.mailbox.is_closed());
                 } else {
                     live += 1;
                 }
             }
         }
         (live, idle, all)
+    }
+
+    /// Force stop, on the stopping thread (see the module docs).
+    fn force_drain(&self) -> usize {
+        // 1. Every push that got past the CLOSED check is in an inbox once
+        //    we have held each shard lock.
+        for shard in self.shards.iter() {
+            drop(shard.lock());
+        }
+        // 2. Empty the inboxes; the gate waits for a worker mid-delivery.
+        let mut n = 0;
+        for port in self.ports.iter() {
+            let deliveries: Vec<Delivery<K, M, H, S>> = {
+                let mut closed = port.gate.lock();
+                *closed = true;
+                std::iter::from_fn(|| port.inbox.pop()).collect()
+            };
+            for d in deliveries {
+                // SAFETY: pinned while in flight (pins are only taken in
+                // step 3, after every inbox is empty).
+                let mailbox = unsafe { d.mailbox.as_ref() };
+                self.reject(mailbox.key(), d.env);
+                n += 1;
+            }
+        }
+        // 3. Walk the pins: hand back queued messages, cancel suspended
+        //    futures.
+        for shard in self.shards.iter() {
+            let taken: Vec<Pin<K, M, H, S>> = shard.lock().drain().map(|(_, p)| p).collect();
+            for pin in taken {
+                n += pin.mailbox.force_stop();
+            }
+        }
+        n
+    }
+}
+
+impl<K, M, H, S> Runnable for DispatcherInner<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    /// A port task: deliver on this worker.
+    fn run(this: Arc<Self>, cx: &WorkerCx<'_>) {
+        Self::run_port(this, cx);
+    }
+
+    /// A force stop empties inboxes itself; the port just goes idle.
+    fn cancel(this: Arc<Self>) {
+        drop(this);
     }
 }
 
@@ -266,21 +489,15 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     fn force_drain(&self) -> usize {
-        let mut n = 0;
-        for shard in self.0.shards.iter() {
-            let taken: Vec<MailboxRef<K, M, H, S>> = shard.lock().drain().collect();
-            for mailbox in taken {
-                n += mailbox.0.force_stop();
-            }
-        }
-        n
+        self.0.force_drain()
     }
 
     fn is_drained(&self) -> bool {
-        self.0
-            .shards
-            .iter()
-            .all(|s| s.lock().iter().all(|m| m.0.is_at_rest()))
+        self.0.shards.iter().all(|s| {
+            s.lock()
+                .values()
+                .all(|p| p.sent == p.mailbox.received() && p.mailbox.is_at_rest())
+        })
     }
 
     fn count_mailboxes(&self) -> (usize, usize, usize) {
@@ -532,7 +749,16 @@ where
             shared: shared.clone(),
             handler: self.handler,
             shards: (0..shards)
-                .map(|_| CachePadded::new(Mutex::new(HashSet::with_hasher(self.hasher.clone()))))
+                .map(|_| CachePadded::new(Mutex::new(HashMap::with_hasher(self.hasher.clone()))))
+                .collect(),
+            ports: (0..shared.workers.len())
+                .map(|_| {
+                    CachePadded::new(Port {
+                        state: AtomicUsize::new(PORT_IDLE),
+                        inbox: Queue::new(),
+                        gate: Mutex::new(false),
+                    })
+                })
                 .collect(),
             hasher: self.hasher,
             on_reject: self.on_reject,

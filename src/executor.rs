@@ -141,7 +141,7 @@ impl Shared {
             let idx = (start + i) % n;
             let w = &self.workers[idx];
             match w.state.load(Relaxed) {
-                RUNNING | SPINNING if w.queue.is_empty() => return idx,
+                RUNNING | SPINNING if w.has_nothing_queued() => return idx,
                 PARKED if parked.is_none() => parked = Some(idx),
                 _ => {}
             }
@@ -162,12 +162,6 @@ impl Shared {
             // be gone: cancel what we pushed ourselves.
             self.cancel_queue(worker);
         }
-    }
-
-    /// Pushes `task` on the queue of the worker running this code.
-    #[inline]
-    pub(crate) fn schedule_local(&self, worker: usize, task: Task) {
-        self.workers[worker].queue.push(task);
     }
 
     fn cancel_queue(&self, worker: usize) {
@@ -324,7 +318,7 @@ impl Shared {
                         PARKED => WorkerState::Parked,
                         _ => WorkerState::Exited,
                     },
-                    queued_mailboxes: w.queue.len(),
+                    queued_tasks: w.queued(),
                     done: c.done.load(Relaxed),
                     panicked: c.panicked.load(Relaxed),
                     cancelled: c.cancelled.load(Relaxed),

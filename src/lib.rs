@@ -32,8 +32,10 @@
 //!   messages and, for an async handler, the future of the message it is
 //!   running. The mailbox runs its messages one at a time; the next message
 //!   starts only when the previous one's future completed. An idle mailbox is
-//!   removed, so memory follows the keys that have work now, not every key
-//!   ever seen.
+//!   kept briefly for the key's next message (until its worker has had
+//!   nothing to do for ~2 ms, or more than 8,192 idle ones pile up on it) and
+//!   then removed, so memory follows the keys that have work now, not every
+//!   key ever seen.
 //! - **Workers.** One [`KeyedExecutor`] owns `workers` threads, shared by all
 //!   its dispatchers — never a thread per key, per dispatcher or per type.
 //!   Each worker has its own FIFO of mailboxes. A new mailbox goes to a worker
@@ -42,6 +44,11 @@
 //!   goes to the back of its worker's queue, so a hot key cannot starve the
 //!   others. A worker out of work spins for `spin` (zero by default), then
 //!   parks.
+//! - **Routing.** A submitter records the message in its key's pin (which
+//!   worker the key is on) and pushes it on the dispatcher's inbox for that
+//!   worker; the worker moves it into the mailbox. Only submitters touch pins
+//!   and only a mailbox's worker touches the mailbox, so the per-message
+//!   hand-off between threads is one queue push, as in a striped pool.
 //! - **Async handlers.** A handler's future is polled on the key's worker with
 //!   the crate's own waker. `Pending` releases the worker; a wake from any
 //!   thread (a runtime's timer or reactor, a channel, another thread)

@@ -57,28 +57,31 @@
 //!
 //! # Messages and removal
 //!
-//! Messages are pushed only while the submitter holds the dispatcher's shard
-//! lock for this key and the mailbox's queue lock. The runner goes `IDLE`
-//! only under the queue lock after seeing the queue empty, and the submitter
-//! checks for `IDLE` under the same lock after pushing: a message is either
-//! found by the runner or wakes the idle mailbox. An idle mailbox is retired
-//! (removed from the map, `IDLE` → `CLOSED`) only under the shard lock, so a
-//! submitter either finds it `IDLE` and revives it, or finds no mailbox and
-//! creates a fresh one: the remove-vs-submit race cannot lose a message.
+//! Messages reach a mailbox through its worker's port (see `dispatcher.rs`):
+//! only the mailbox's own worker pushes them (`deliver`), under the queue
+//! lock, counting them in `received`. The runner goes `IDLE` only under that
+//! lock after seeing the queue empty, and `deliver` checks for `IDLE` under
+//! it after pushing: a message is either found by the runner or revives the
+//! idle mailbox. An idle mailbox is retired (its pin removed, `IDLE` →
+//! `CLOSED`) only under its key's shard lock and only when the pin's `sent`
+//! equals `received`, i.e. no delivery of it is still in flight: the
+//! remove-vs-submit race cannot lose a message.
 //!
 //! # Force stop
 //!
-//! The stopping thread sets `FORCED`, then walks every map: it takes each
-//! mailbox out, rejects its queued messages on its own thread, and claims a
-//! `SUSPENDED` one (→ `CLOSED`) to drop its future as cancelled. A runner
-//! checks `FORCED` under the queue lock before starting each message, so no
-//! message starts after the walk took the queue; a running step finishes, and
-//! if its future is still pending it is cancelled by the runner. A mailbox
-//! popped from a worker queue after `FORCED` is cancelled instead of run.
+//! The stopping thread sets `FORCED`, empties every port inbox, then walks
+//! every pin: it takes each mailbox out, rejects its queued messages on its
+//! own thread, and claims the mailbox unless its worker is running it:
+//! `SUSPENDED`, `SCHEDULED` (the popped task then finds it `CLOSED` and is
+//! dropped) or `IDLE` → `CLOSED`, dropping a pending future as cancelled. A
+//! runner checks `FORCED` under the queue lock before starting each message,
+//! so no message starts after the walk took the queue; a running step
+//! finishes, and if its future is still pending it is cancelled by the
+//! runner.
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::ptr;
@@ -89,8 +92,8 @@ use crate::credit::CreditRef;
 use crate::dispatcher::DispatcherInner;
 use crate::error::{Panic, TaskError};
 use crate::handler::Handler;
-use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
-use crate::sync::{Arc, Mutex, UnsafeCell};
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use crate::sync::{Arc, SpinLock, UnsafeCell};
 use crate::task::{Runnable, Task};
 use crate::trace;
 use crate::waker::{Wake, WakerRef};
@@ -145,14 +148,24 @@ enum AfterPending {
     Requeued,
 }
 
+// `repr(C)` so the fields every message touches (state, queue lock, queue
+// header) share the first cache line with the `Arc`'s counts.
+#[repr(C)]
 pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
+    queue: SpinLock<VecDeque<Envelope<M, H::Output>>>,
+    /// Messages delivered into `queue` so far (by the worker's port; read by
+    /// retire and drain checks against the pin's `sent`).
+    received: AtomicU64,
+    /// The reference an idle mailbox keeps to itself for its next turn, so
+    /// reviving it costs no reference-count traffic. Only its worker thread
+    /// touches it; dropped when the mailbox is retired or closed.
+    parked: UnsafeCell<Option<Arc<Self>>>,
     /// The worker this mailbox always runs on (sticky).
     worker: usize,
     /// The key's hash, which picks its shard.
     hash: u64,
     key: K,
-    queue: Mutex<VecDeque<Envelope<M, H::Output>>>,
     /// The running message's future. Owned by whoever holds `RUNNING` (or
     /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
     future: UnsafeCell<Option<trace::Instrumented<H::Future>>>,
@@ -193,23 +206,22 @@ where
     H: Handler<K, M>,
     S: std::hash::BuildHasher + Send + Sync + 'static,
 {
-    /// A new mailbox holding its first message, in state `SCHEDULED` (its
-    /// creator pushes it on `worker`'s queue).
+    /// A new, idle mailbox pinned to `worker`; its first message arrives
+    /// through the worker's port like every other.
     pub(crate) fn new(
         key: K,
         hash: u64,
         worker: usize,
-        first: Envelope<M, H::Output>,
         dispatcher: Arc<DispatcherInner<K, M, H, S>>,
     ) -> Self {
-        let mut queue = VecDeque::with_capacity(1);
-        queue.push_back(first);
         Mailbox {
-            state: AtomicUsize::new(SCHEDULED),
+            state: AtomicUsize::new(IDLE),
             worker,
             hash,
             key,
-            queue: Mutex::new(queue),
+            queue: SpinLock::new(VecDeque::new()),
+            received: AtomicU64::new(0),
+            parked: UnsafeCell::new(None),
             future: UnsafeCell::new(None),
             meta: UnsafeCell::new(None),
             listed: AtomicBool::new(false),
@@ -232,27 +244,44 @@ where
         matches!(self.state.load(Acquire) & STATE_MASK, IDLE | CLOSED)
     }
 
-    /// Appends a message. The caller holds this key's shard lock and has
-    /// checked that the mailbox is not closed. Returns `Wake::Schedule` if
-    /// the mailbox was idle: this call moved it `IDLE` → `SCHEDULED` and the
-    /// caller must push it on its worker's queue.
+    /// Delivers a message (its worker's port, on the worker). Returns true
+    /// if the mailbox was idle: this call moved it `IDLE` → `SCHEDULED` and
+    /// the caller must queue it (see [`take_parked`](Self::take_parked)).
     #[inline]
-    pub(crate) fn push(&self, env: Envelope<M, H::Output>) -> Push {
+    pub(crate) fn deliver(&self, env: Envelope<M, H::Output>) -> bool {
         let mut q = self.queue.lock();
         q.push_back(env);
-        // The runner goes idle only under this same lock, so it cannot go
-        // idle between our push and this check: either it is still running
-        // (and will find the message) or it is idle and we wake it.
-        if self.state.load(Relaxed) == IDLE
+        // The runner goes idle only under this lock, so either it is still
+        // running (and will find the message) or it is idle and we revive it.
+        let revive = self.state.load(Relaxed) == IDLE
             && self
                 .state
                 .compare_exchange(IDLE, SCHEDULED, AcqRel, Relaxed)
-                .is_ok()
-        {
-            Push::Schedule
-        } else {
-            Push::Queued
-        }
+                .is_ok();
+        drop(q);
+        // Counted after the revive, so a drain check that sees the count also
+        // sees the mailbox busy.
+        self.received
+            .store(self.received.load(Relaxed) + 1, Release);
+        revive
+    }
+
+    /// The reference the mailbox kept to itself when it went idle (none for
+    /// a new mailbox).
+    ///
+    /// # Safety
+    /// Only on the mailbox's worker thread.
+    #[inline]
+    pub(crate) unsafe fn take_parked(&self) -> Option<Arc<Self>> {
+        // SAFETY: only the mailbox's worker thread touches `parked`
+        // (caller's contract).
+        self.parked.with_mut(|p| unsafe { (*p).take() })
+    }
+
+    /// Messages delivered so far.
+    #[inline]
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(Acquire)
     }
 
     /// The worker this mailbox runs on.
@@ -277,17 +306,25 @@ where
         for env in queued {
             self.dispatcher.reject(&self.key, env);
         }
-        if self
-            .state
-            .compare_exchange(SUSPENDED, CLOSED, SeqCst, Acquire)
-            .is_ok()
-        {
-            // SAFETY: the CAS made us the owner of the suspended mailbox.
-            unsafe { self.cancel_current() };
-        } else {
-            // An idle mailbox has nothing to cancel; close it so a late wake
-            // or sweep leaves it alone.
-            let _ = self.close_if_idle();
+        // Claim the mailbox unless its worker is running it (that runner sees
+        // FORCED and stops, or cancels its future, after the current step).
+        // A queued one is claimed too: its task, when popped, finds it closed.
+        let mut cur = self.state.load(Acquire);
+        loop {
+            let st = cur & STATE_MASK;
+            if !matches!(st, SUSPENDED | SCHEDULED | IDLE) {
+                break;
+            }
+            match self.state.compare_exchange(cur, CLOSED, SeqCst, Acquire) {
+                Ok(_) => {
+                    if st != IDLE {
+                        // SAFETY: the CAS made us the owner of the mailbox.
+                        unsafe { self.cancel_current() };
+                    }
+                    break;
+                }
+                Err(actual) => cur = actual,
+            }
         }
         n
     }
@@ -457,7 +494,7 @@ where
             return;
         }
         match this.transition_to_idle() {
-            AfterPending::Requeued => cx.shared.schedule_local(cx.index, Task::new(this)),
+            AfterPending::Requeued => cx.push_local(Task::new(this)),
             AfterPending::Suspended => {
                 // A force stop that began before we suspended may have found
                 // us RUNNING and left us to cancel ourselves.
@@ -490,6 +527,26 @@ where
         }
     }
 
+    /// The popper of a queued mailbox takes it: `SCHEDULED` → `to`
+    /// (clearing `NOTIFIED`). False if a force stop claimed it first
+    /// (`CLOSED`): the task is then just dropped.
+    fn claim_scheduled(&self, to: usize) -> bool {
+        let mut cur = self.state.load(Acquire);
+        loop {
+            match cur & STATE_MASK {
+                SCHEDULED => match self.state.compare_exchange(cur, to, SeqCst, Acquire) {
+                    Ok(_) => return true,
+                    Err(actual) => cur = actual,
+                },
+                CLOSED => return false,
+                other => {
+                    debug_assert!(false, "popped a mailbox in state {other}");
+                    return false;
+                }
+            }
+        }
+    }
+
     /// The wake transition. Returns true if the caller moved the mailbox
     /// `SUSPENDED` → `SCHEDULED` and must push it on its worker's queue.
     fn transition_wake(&self) -> bool {
@@ -507,16 +564,6 @@ where
             }
         }
     }
-}
-
-/// The outcome of [`Mailbox::push`].
-#[must_use]
-pub(crate) enum Push {
-    /// The mailbox was idle: the pusher must schedule it.
-    Schedule,
-    /// The mailbox is scheduled, running or suspended: its runner will get
-    /// to the message.
-    Queued,
 }
 
 /// The outcome of [`DispatcherInner::retire`].
@@ -537,12 +584,9 @@ where
 {
     fn run(this: Arc<Self>, cx: &WorkerCx<'_>) {
         debug_assert_eq!(cx.index, this.worker, "a mailbox ran off its worker");
-        let prev = this.state.swap(RUNNING, AcqRel);
-        debug_assert_eq!(
-            prev & STATE_MASK,
-            SCHEDULED,
-            "ran a mailbox that was not scheduled"
-        );
+        if !this.claim_scheduled(RUNNING) {
+            return;
+        }
         let mut budget = this.dispatcher.shared.config.throughput;
         if this.has_current() {
             // SAFETY: we own the turn and a future is stored.
@@ -555,7 +599,7 @@ where
             if budget == 0 {
                 // Fairness: go behind the other mailboxes of this worker.
                 this.state.swap(SCHEDULED, AcqRel);
-                cx.shared.schedule_local(cx.index, Task::new(this));
+                cx.push_local(Task::new(this));
                 return;
             }
             match this.next() {
@@ -571,9 +615,20 @@ where
                     // Stay in the map for a while, so the key's next message
                     // reuses this mailbox; the worker retires it later.
                     // Only this worker's thread touches `listed`: no RMW.
-                    if !this.listed.load(Relaxed) {
+                    let list = (!this.listed.load(Relaxed)).then(|| {
                         this.listed.store(true, Relaxed);
-                        cx.went_idle(Task::new(this));
+                        Task::new(this.clone())
+                    });
+                    // Keep our reference for the next turn (see `parked`),
+                    // before listing: listing may retire idle mailboxes.
+                    let cell: *const UnsafeCell<Option<Arc<Self>>> = &this.parked;
+                    // SAFETY: we are the mailbox's worker thread, the only one
+                    // touching `parked`; the cell lives inside the mailbox,
+                    // which the reference we store keeps alive.
+                    let stale = unsafe { (*cell).with_mut(|p| (*p).replace(this)) };
+                    debug_assert!(stale.is_none());
+                    if let Some(task) = list {
+                        cx.went_idle(task);
                     }
                     return;
                 }
@@ -588,20 +643,24 @@ where
 
     fn retire(this: Arc<Self>) {
         this.listed.store(false, Relaxed);
-        if let Retire::Retired = this.dispatcher.retire(&this, this.hash) {
+        let retired = matches!(this.dispatcher.retire(&this, this.hash), Retire::Retired);
+        // Drop the reference it kept to itself whatever happened: closed
+        // for good, it would never be freed; still busy (a delivery in
+        // flight), it is no longer listed and a force stop could reject that
+        // delivery, leaving nobody to drop it. Reviving it then takes a new
+        // reference instead.
+        // SAFETY: `retire` runs on the mailbox's worker thread.
+        drop(unsafe { this.take_parked() });
+        if retired {
             this.dispatcher.shared.on_mailbox_retired();
         }
     }
 
     fn cancel(this: Arc<Self>) {
-        let prev = this.state.swap(CLOSED, AcqRel);
-        debug_assert_eq!(
-            prev & STATE_MASK,
-            SCHEDULED,
-            "cancelled a mailbox that was not scheduled"
-        );
-        // SAFETY: it was SCHEDULED and we popped it: the turn is ours.
-        unsafe { this.cancel_current() };
+        if this.claim_scheduled(CLOSED) {
+            // SAFETY: it was SCHEDULED and we popped it: the turn is ours.
+            unsafe { this.cancel_current() };
+        }
     }
 }
 
@@ -626,29 +685,5 @@ where
                 .shared
                 .schedule(this.worker, Task::new(this.clone()));
         }
-    }
-}
-
-/// A mailbox as an entry of its dispatcher's map: hashed and compared by key,
-/// so the map stores the key once (inside the mailbox).
-pub(crate) struct MailboxRef<K, M, H: Handler<K, M>, S>(pub(crate) Arc<Mailbox<K, M, H, S>>);
-
-impl<K: Hash, M, H: Handler<K, M>, S> Hash for MailboxRef<K, M, H, S> {
-    fn hash<Hs: Hasher>(&self, state: &mut Hs) {
-        self.0.key.hash(state);
-    }
-}
-
-impl<K: PartialEq, M, H: Handler<K, M>, S> PartialEq for MailboxRef<K, M, H, S> {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.key == other.0.key
-    }
-}
-
-impl<K: Eq, M, H: Handler<K, M>, S> Eq for MailboxRef<K, M, H, S> {}
-
-impl<K, M, H: Handler<K, M>, S> std::borrow::Borrow<K> for MailboxRef<K, M, H, S> {
-    fn borrow(&self) -> &K {
-        &self.0.key
     }
 }

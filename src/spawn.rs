@@ -285,7 +285,7 @@ impl SpawnTask {
             return unsafe { this.end(End::Cancelled) };
         }
         match this.transition_to_idle() {
-            AfterPending::Requeue => cx.shared.schedule_local(cx.index, Task::new(this)),
+            AfterPending::Requeue => cx.push_local(Task::new(this)),
             AfterPending::Idle => {
                 // A force stop whose claim found us RUNNING left the task to us.
                 if this.shared.is_forced()

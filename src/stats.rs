@@ -19,8 +19,9 @@ pub enum WorkerState {
 pub struct WorkerStats {
     /// What it was doing.
     pub state: WorkerState,
-    /// Mailboxes waiting in its queue.
-    pub queued_mailboxes: usize,
+    /// Tasks waiting in its queue: mailboxes with work to run, dispatcher
+    /// inboxes with messages to deliver, spawned futures to poll.
+    pub queued_tasks: usize,
     /// Messages it finished with an output.
     pub done: u64,
     /// Messages whose handler panicked.

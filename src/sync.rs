@@ -117,6 +117,88 @@ mod imp {
         }
     }
 
+    /// A lock for tiny critical sections that are almost never contended
+    /// (a mailbox's queue: its worker, and a force stop once). Taking it is
+    /// one atomic swap and releasing it a plain store, half the locked
+    /// instructions of a `parking_lot` mutex; under contention it spins, then
+    /// yields.
+    #[derive(Debug, Default)]
+    pub(crate) struct SpinLock<T> {
+        locked: std::sync::atomic::AtomicBool,
+        value: core::cell::UnsafeCell<T>,
+    }
+
+    // SAFETY: the lock hands out `&mut T` to one thread at a time.
+    unsafe impl<T: Send> Sync for SpinLock<T> {}
+    // SAFETY: it owns a `T`.
+    unsafe impl<T: Send> Send for SpinLock<T> {}
+
+    /// Guard of [`SpinLock`].
+    pub(crate) struct SpinGuard<'a, T>(&'a SpinLock<T>);
+
+    impl<T> SpinLock<T> {
+        pub(crate) const fn new(value: T) -> Self {
+            SpinLock {
+                locked: std::sync::atomic::AtomicBool::new(false),
+                value: core::cell::UnsafeCell::new(value),
+            }
+        }
+
+        #[inline]
+        pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
+            use std::sync::atomic::Ordering::{Acquire, Relaxed};
+            if self.locked.swap(true, Acquire) {
+                self.lock_slow();
+            }
+            SpinGuard(self)
+        }
+
+        #[cold]
+        fn lock_slow(&self) {
+            use std::sync::atomic::Ordering::{Acquire, Relaxed};
+            let mut spins = 0u32;
+            loop {
+                while self.locked.load(Relaxed) {
+                    spins += 1;
+                    if spins < 64 {
+                        core::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                if !self.locked.swap(true, Acquire) {
+                    return;
+                }
+            }
+        }
+    }
+
+    impl<T> core::ops::Deref for SpinGuard<'_, T> {
+        type Target = T;
+        #[inline]
+        fn deref(&self) -> &T {
+            // SAFETY: the guard holds the lock.
+            unsafe { &*self.0.value.get() }
+        }
+    }
+
+    impl<T> core::ops::DerefMut for SpinGuard<'_, T> {
+        #[inline]
+        fn deref_mut(&mut self) -> &mut T {
+            // SAFETY: the guard holds the lock.
+            unsafe { &mut *self.0.value.get() }
+        }
+    }
+
+    impl<T> Drop for SpinGuard<'_, T> {
+        #[inline]
+        fn drop(&mut self) {
+            self.0
+                .locked
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
+
     /// Threads: spawning, parking, identity.
     pub(crate) mod thread {
         pub(crate) use std::thread::{
@@ -324,6 +406,10 @@ mod imp {
             self.0.into_inner()
         }
     }
+
+    /// Under loom the spin lock is loom's mutex (a spinning lock would blow
+    /// up the state space and loom checks the same mutual exclusion).
+    pub(crate) type SpinLock<T> = Mutex<T>;
 
     /// Threads (loom's).
     pub(crate) mod thread {

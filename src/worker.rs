@@ -40,7 +40,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::credit::CreditRef;
 use crate::executor::Shared;
-use crate::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering::*};
+use crate::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use crate::sync::{spin_loop, thread, Arc, Mutex, Queue};
 use crate::task::Task;
 
@@ -62,7 +62,11 @@ pub(crate) struct Counters {
 
 /// One worker's shared half.
 pub(crate) struct Worker {
+    /// Tasks pushed from other threads (wakes, new ports, spawns).
     pub(crate) queue: Queue<Task>,
+    /// Length of the worker's local run queue (written by the worker only;
+    /// for placement and stats).
+    pub(crate) local_len: AtomicUsize,
     pub(crate) state: CachePadded<AtomicU8>,
     thread: Mutex<Option<thread::Thread>>,
     pub(crate) counters: CachePadded<Counters>,
@@ -72,10 +76,21 @@ impl Worker {
     pub(crate) fn new() -> Self {
         Worker {
             queue: Queue::new(),
+            local_len: AtomicUsize::new(0),
             state: CachePadded::new(AtomicU8::new(RUNNING)),
             thread: Mutex::new(None),
             counters: CachePadded::new(Counters::default()),
         }
+    }
+
+    /// Tasks waiting on this worker (remote and local).
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.len() + self.local_len.load(Relaxed)
+    }
+
+    /// Whether the worker has nothing queued.
+    pub(crate) fn has_nothing_queued(&self) -> bool {
+        self.local_len.load(Relaxed) == 0 && self.queue.is_empty()
     }
 
     /// Wakes the worker if it is parked. Call after publishing the reason
@@ -117,6 +132,13 @@ pub(crate) const IDLE_CAP: usize = 0;
 pub(crate) struct WorkerCx<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) index: usize,
+    /// The worker's FIFO run queue. Tasks it queues itself (a mailbox its
+    /// port revived, a mailbox yielding after `throughput` messages or woken
+    /// during its poll) go here without atomics; tasks from other threads
+    /// arrive through `Worker::queue` and are appended here in arrival order
+    /// before the next task is taken, so the order stays FIFO. Only this
+    /// thread touches it.
+    local: RefCell<VecDeque<Task>>,
     /// Idle mailboxes of this worker, oldest first, kept for reuse until
     /// retired. Only this thread touches it.
     idle: RefCell<VecDeque<Task>>,
@@ -128,6 +150,32 @@ pub(crate) struct WorkerCx<'a> {
 }
 
 impl WorkerCx<'_> {
+    /// Queues a task on this (the current) worker, at the back.
+    #[inline]
+    pub(crate) fn push_local(&self, task: Task) {
+        let mut local = self.local.borrow_mut();
+        local.push_back(task);
+        self.me().local_len.store(local.len(), Relaxed);
+    }
+
+    fn me(&self) -> &Worker {
+        &self.shared.workers[self.index]
+    }
+
+    /// The next task: first what other threads pushed (appended in order),
+    /// then the front of the local queue.
+    #[inline]
+    fn next_task(&self) -> Option<Task> {
+        let me = self.me();
+        let mut local = self.local.borrow_mut();
+        while let Some(t) = me.queue.pop() {
+            local.push_back(t);
+        }
+        let task = local.pop_front();
+        me.local_len.store(local.len(), Relaxed);
+        task
+    }
+
     /// A mailbox of this worker went idle.
     pub(crate) fn went_idle(&self, task: Task) {
         let len = {
@@ -223,6 +271,30 @@ mod current {
 }
 use current::{CURRENT, CX};
 
+/// Runs `f` with the current thread's `WorkerCx` if this thread is worker
+/// `index` of the executor at `shared_id` (a handler submitting to a key on
+/// its own worker).
+pub(crate) fn with_worker_cx<R>(
+    shared_id: usize,
+    index: usize,
+    f: impl FnOnce(&WorkerCx<'_>) -> R,
+) -> Option<R> {
+    if CURRENT.with(|c| c.get()) != shared_id {
+        return None;
+    }
+    CX.with(|cx| {
+        let cx = cx.get().cast::<WorkerCx<'static>>();
+        if cx.is_null() {
+            return None;
+        }
+        // SAFETY: as in `flush_held_credit`: set only on a worker thread to
+        // its live `WorkerCx`; only `Cell`/`RefCell` access follows, and no
+        // `RefCell` borrow is held while a handler runs.
+        let cx = unsafe { &*cx };
+        (cx.index == index).then(|| f(cx))
+    })
+}
+
 /// A submitter is about to wait for credit. If it runs on a worker (a handler
 /// submitting), give back the units that worker holds back first: they may
 /// be the very ones it waits for.
@@ -257,6 +329,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let cx = WorkerCx {
         shared: &shared,
         index,
+        local: RefCell::new(VecDeque::new()),
         idle: RefCell::new(VecDeque::new()),
         pending: Cell::new(None),
     };
@@ -264,7 +337,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     // Allow a spin on the first idle period.
     let mut last_wait = Duration::ZERO;
     loop {
-        while let Some(task) = me.queue.pop() {
+        while let Some(task) = cx.next_task() {
             if shared.is_forced() {
                 task.cancel();
             } else {
@@ -311,8 +384,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     cx.flush_credit();
     // Retire the idle mailboxes kept for reuse (they hold their dispatcher).
     cx.retire_idle(0);
-    // Forced stop: cancel whatever was pushed meanwhile.
-    while let Some(task) = me.queue.pop() {
+    // Forced stop: cancel whatever was queued or pushed meanwhile.
+    while let Some(task) = cx.next_task() {
         task.cancel();
     }
     me.state.store(EXITED, SeqCst);
