@@ -60,12 +60,17 @@ fn wake_during_and_after_poll() {
 }
 
 /// One worker, throughput 1, keys 0 and 1. Key 0's message 1 waits on a
-/// gate opened (and then woken once more, late) by a loom thread; its
-/// message 2 and key 1's message 3 are submitted meanwhile. Every time key
-/// 0's mailbox finishes a message it goes to the back of the worker's queue
-/// — racing the late wake of the same mailbox, which must neither push it a
-/// second time nor be lost. Fairness: if key 1's mailbox was already queued
-/// when message 1 completed, message 3 runs before message 2.
+/// gate opened (and then woken once more, late) by a loom thread; key 0's
+/// message 2, key 1's message 3 and key 0's message 4 are submitted
+/// meanwhile. Every time key 0's mailbox finishes a message it goes to the
+/// back of the worker's queue — racing the late wake of the same mailbox,
+/// which must neither push it a second time nor be lost.
+///
+/// Fairness: if message 3 was submitted before message 1 completed, key 0
+/// runs at most one more message (2) before key 1's turn, so 3 starts
+/// before 4. (Not "before 2": a submit hands the message to the worker's
+/// inbox, and key 1's mailbox joins the queue when the worker delivers it —
+/// which may be just after key 0's mailbox went to the back.)
 #[test]
 fn fairness_requeue_vs_wake() {
     model("fairness_requeue_vs_wake", || {
@@ -82,24 +87,33 @@ fn fairness_requeue_vs_wake() {
         let waker = thread::spawn(move || g.open_and_wake(1));
         let a2 = r.submit_blocking(0, Msg::now(2)).unwrap();
         let b = r.submit_blocking(1, Msg::now(3)).unwrap();
-        // Key 1's mailbox is queued (or already ran) from here on.
+        // Message 3 is in the worker's inbox (or already ran) from here on.
         log.mark(3);
+        let a4 = r.submit_blocking(0, Msg::now(4)).unwrap();
         assert_eq!(a1.wait().unwrap(), 1);
         assert_eq!(a2.wait().unwrap(), 2);
         assert_eq!(b.wait().unwrap(), 3);
+        assert_eq!(a4.wait().unwrap(), 4);
         waker.join().unwrap();
         assert!(ex.shutdown(LONG));
         gate.clear();
         assert_eq!(log.polls(1), 2);
         assert_eq!(log.polls(2), 1);
         assert_eq!(log.polls(3), 1);
+        assert_eq!(log.polls(4), 1);
         let end1 = log.position(Event::End(1));
         let start2 = log.position(Event::Start(2));
         let start3 = log.position(Event::Start(3));
+        let start4 = log.position(Event::Start(4));
         assert!(end1 < start2);
+        assert!(log.position(Event::End(2)) < start4);
         let queued_before = log.position(Event::Mark(3)) < end1;
         if queued_before {
-            assert!(start3 < start2, "key 1 waited behind key 0's next turn");
+            assert!(
+                start3 < start4,
+                "key 1 waited behind two more turns of key 0: {:?}",
+                log.events()
+            );
         }
         FAIRNESS[usize::from(queued_before)].fetch_add(1, Relaxed);
         assert_eq!(d.live_mailboxes(), 0);
