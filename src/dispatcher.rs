@@ -293,7 +293,7 @@ where
         if more {
             // Fairness: let the worker's other tasks run, then come back.
             port.state.store(PORT_SCHEDULED, SeqCst);
-            cx.push_local(Task::new(this));
+            cx.requeue_local(Task::new(this));
             return;
         }
         port.state.store(PORT_IDLE, SeqCst);
@@ -422,16 +422,29 @@ where
         // 2. Empty the inboxes; the gate waits for a worker mid-delivery.
         let mut n = 0;
         for port in self.ports.iter() {
-            let deliveries: Vec<Delivery<K, M, H, S>> = {
+            // Own a reference to each delivery's mailbox before the gate is
+            // released: once it is, a concurrent force stop (another thread,
+            // or a handler calling `shutdown_now`) may pass this gate, reach
+            // step 3 and drop the pins, and the mailbox's worker may then
+            // retire and free it while we still reject into it.
+            let deliveries: Vec<(Arc<Mailbox<K, M, H, S>>, Envelope<M, H::Output>)> = {
                 let mut closed = port.gate.lock();
                 *closed = true;
-                std::iter::from_fn(|| port.inbox.pop()).collect()
+                std::iter::from_fn(|| port.inbox.pop())
+                    .map(|d| {
+                        // SAFETY: the pin holds the mailbox while this
+                        // delivery is in flight, and no pin is dropped yet:
+                        // after the shard barrier nothing is pushed, so a
+                        // force stop that passed this gate before us popped
+                        // this delivery itself; one that passes after us
+                        // reaches step 3 only then.
+                        let mailbox = unsafe { arc_clone_raw(d.mailbox.as_ptr().cast_const()) };
+                        (mailbox, d.env)
+                    })
+                    .collect()
             };
-            for d in deliveries {
-                // SAFETY: pinned while in flight (pins are only taken in
-                // step 3, after every inbox is empty).
-                let mailbox = unsafe { d.mailbox.as_ref() };
-                self.reject(mailbox.key(), d.env);
+            for (mailbox, env) in deliveries {
+                self.reject(mailbox.key(), env);
                 n += 1;
             }
         }

@@ -494,7 +494,7 @@ where
             return;
         }
         match this.transition_to_idle() {
-            AfterPending::Requeued => cx.push_local(Task::new(this)),
+            AfterPending::Requeued => cx.requeue_local(Task::new(this)),
             AfterPending::Suspended => {
                 // A force stop that began before we suspended may have found
                 // us RUNNING and left us to cancel ourselves.
@@ -599,7 +599,7 @@ where
             if budget == 0 {
                 // Fairness: go behind the other mailboxes of this worker.
                 this.state.swap(SCHEDULED, AcqRel);
-                cx.push_local(Task::new(this));
+                cx.requeue_local(Task::new(this));
                 return;
             }
             match this.next() {

@@ -158,6 +158,25 @@ impl WorkerCx<'_> {
         self.me().local_len.store(local.len(), Relaxed);
     }
 
+    /// Puts a task that already had a turn (a mailbox yielding after
+    /// `throughput` messages or woken during its poll, a port with more to
+    /// deliver) at the back of this worker's queue: behind what other
+    /// threads pushed meanwhile too, which is appended first. Otherwise a
+    /// mailbox that keeps yielding would go ahead of a task pushed while it
+    /// ran, again and again.
+    #[inline]
+    pub(crate) fn requeue_local(&self, task: Task) {
+        let me = self.me();
+        let mut local = self.local.borrow_mut();
+        if !me.queue.is_empty() {
+            while let Some(t) = me.queue.pop() {
+                local.push_back(t);
+            }
+        }
+        local.push_back(task);
+        me.local_len.store(local.len(), Relaxed);
+    }
+
     fn me(&self) -> &Worker {
         &self.shared.workers[self.index]
     }

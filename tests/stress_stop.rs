@@ -42,3 +42,81 @@ fn graceful_stop_never_strands_a_parked_worker() {
         });
     }
 }
+
+/// Regression: two force stops at once (a handler calling `shutdown_now`
+/// while other threads do too). One stop rejected the messages it had taken
+/// from a worker's inbox while another had already dropped the mailboxes'
+/// pins, so the worker could retire and free a mailbox the first stop was
+/// still reading (a use after free ThreadSanitizer caught in
+/// `reliability_executor`). Every message must end exactly once: ran, or
+/// handed back through `on_reject`.
+#[test]
+fn concurrent_force_stops_hand_back_every_message_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::{Arc, Barrier, Mutex};
+
+    let rounds = env_u64("KEYED_STOP_ROUNDS", 3000) / 10;
+    for round in 0..rounds.max(20) {
+        let prefix = unique_prefix("rfs");
+        let executor = KeyedExecutor::builder()
+            .workers(2)
+            .thread_name(prefix.clone())
+            .build()
+            .unwrap();
+        // 0 = not seen, 1 = ran, 2 = handed back; anything else: ended twice.
+        let ends: Arc<Vec<AtomicUsize>> = Arc::new((0..400).map(|_| AtomicUsize::new(0)).collect());
+        let stop_from_handler: Arc<Mutex<Option<KeyedExecutor>>> =
+            Arc::new(Mutex::new(Some(executor.clone())));
+        let (ran, back) = (ends.clone(), ends.clone());
+        let inside = stop_from_handler.clone();
+        let d = executor
+            .dispatcher_builder(handler::from_fn(move |_k: &u32, id: usize| {
+                assert_eq!(ran[id].fetch_add(1, SeqCst), 0, "message {id} ended twice");
+                if id == 150 {
+                    if let Some(ex) = inside.lock().unwrap().take() {
+                        ex.shutdown_now();
+                    }
+                }
+            }))
+            .on_reject(move |_k: u32, id: usize| {
+                assert_eq!(back[id].fetch_add(2, SeqCst), 0, "message {id} ended twice");
+            })
+            .build();
+        let r = d.receiver(400).unwrap();
+        let barrier = Arc::new(Barrier::new(3));
+        let stoppers: Vec<_> = (0..2)
+            .map(|_| {
+                let (ex, b) = (executor.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    b.wait();
+                    ex.shutdown_now();
+                })
+            })
+            .collect();
+        let mut accepted = Vec::new();
+        for id in 0..400usize {
+            if id == 100 + (round as usize % 200) {
+                barrier.wait();
+            }
+            match r.send((id % 37) as u32, id) {
+                Ok(()) => accepted.push(id),
+                Err(e) => assert_eq!(e.into_inner(), id, "refused message handed back"),
+            }
+        }
+        for s in stoppers {
+            s.join().unwrap();
+        }
+        executor.shutdown_now();
+        drop(stop_from_handler.lock().unwrap().take());
+        for id in accepted {
+            let end = ends[id].load(SeqCst);
+            assert!(
+                end == 1 || end == 2,
+                "round {round}: accepted message {id} ended {end} (1 = ran, 2 = handed back)"
+            );
+        }
+        eventually("worker threads gone", || {
+            threads_named(&format!("{prefix}-")) == 0
+        });
+    }
+}
