@@ -208,7 +208,12 @@ where
             }
         }
         port.inbox.push(Delivery {
-            mailbox: NonNull::from(&*pin.mailbox),
+            // From `Arc::as_ptr`, not from a `&Mailbox`: the pointer keeps
+            // the provenance of the whole allocation, which `arc_clone_raw`
+            // needs to reach the reference counts (Miri's Stacked Borrows
+            // rejects a pointer derived from the reference).
+            // SAFETY: an `Arc`'s pointer is never null.
+            mailbox: unsafe { NonNull::new_unchecked(Arc::as_ptr(&pin.mailbox).cast_mut()) },
             env: env.take().expect("not delivered directly"),
         });
         // Pushed under the shard lock: a force stop that has taken this lock
