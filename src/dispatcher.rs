@@ -80,6 +80,12 @@ pub(crate) struct Pin<K, M, H: Handler<K, M>, S> {
     sent: u64,
 }
 
+/// A delivery taken out of an inbox by a force stop, holding its mailbox.
+type OwnedDelivery<K, M, H, S> = (
+    Arc<Mailbox<K, M, H, S>>,
+    Envelope<M, <H as Handler<K, M>>::Output>,
+);
+
 /// A message on its way to its mailbox. The pointer is valid because the
 /// pin holds the mailbox while `sent > received` (this delivery counts).
 struct Delivery<K, M, H: Handler<K, M>, S> {
@@ -432,7 +438,7 @@ where
             // or a handler calling `shutdown_now`) may pass this gate, reach
             // step 3 and drop the pins, and the mailbox's worker may then
             // retire and free it while we still reject into it.
-            let deliveries: Vec<(Arc<Mailbox<K, M, H, S>>, Envelope<M, H::Output>)> = {
+            let deliveries: Vec<OwnedDelivery<K, M, H, S>> = {
                 let mut closed = port.gate.lock();
                 *closed = true;
                 std::iter::from_fn(|| port.inbox.pop())
