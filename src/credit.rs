@@ -52,6 +52,10 @@ use crate::sync::{cas_guess, Mutex};
 use crate::waiter::Waiter;
 
 const IN_FLIGHT_MASK: u64 = (1 << 40) - 1;
+
+/// How long a blocking submitter retries for credit before it parks.
+#[cfg(not(loom))]
+const CREDIT_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 const HANDLE: u64 = 1 << 40;
 const WAITERS: u64 = 1 << 63;
 
@@ -225,6 +229,29 @@ impl Credit {
                 Ok(_) => return true,
                 Err(actual) => cur = actual,
             }
+        }
+    }
+
+    /// Retries [`try_acquire`](Self::try_acquire) for up to
+    /// [`CREDIT_SPIN`], yielding the thread between rounds, before a
+    /// blocking caller registers as a waiter. Gives back the units this
+    /// thread's worker holds back first (a handler submitting), since
+    /// those may be the ones it waits for.
+    #[cfg(not(loom))]
+    pub(crate) fn spin_acquire(&self) -> bool {
+        crate::worker::flush_held_credit();
+        let start = std::time::Instant::now();
+        loop {
+            for _ in 0..16 {
+                if self.try_acquire() {
+                    return true;
+                }
+                core::hint::spin_loop();
+            }
+            if start.elapsed() >= CREDIT_SPIN {
+                return false;
+            }
+            std::thread::yield_now();
         }
     }
 

@@ -185,7 +185,19 @@ impl<K, M, O> Receiver<K, M, O> {
     }
 
     fn acquire_blocking(&self) {
-        let mut acquire = Acquire::new(self.credit.credit());
+        let credit = self.credit.credit();
+        if credit.try_acquire() {
+            return;
+        }
+        // Out of credit: a worker gives units back every few messages, so
+        // spin briefly before registering as a waiter; parking here makes
+        // every release of the next batch a futex wake (see BENCHMARKS.md,
+        // W1). Not under loom: the wait below is the protocol it checks.
+        #[cfg(not(loom))]
+        if credit.spin_acquire() {
+            return;
+        }
+        let mut acquire = Acquire::new(credit);
         while !acquire.poll(&thread_waiter) {
             thread::park();
         }
