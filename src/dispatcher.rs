@@ -15,7 +15,11 @@
 //!
 //! The worker drains its port into the mailboxes' queues (counting them in
 //! `received`) and puts each mailbox that was idle at the back of its own
-//! FIFO queue, where it runs as described in `mailbox.rs`.
+//! FIFO queue, where it runs as described in `mailbox.rs`. It takes
+//! deliveries from the inbox in batches (one compare-exchange per batch, into
+//! a buffer under the port's gate) and delivers up to `PORT_BATCH` per turn;
+//! a port with deliveries left, in the buffer or the inbox, re-queues itself,
+//! so the buffer is empty whenever the port is idle.
 //!
 //! # The shard lock decides the races
 //!
@@ -52,7 +56,7 @@ use crate::mailbox::{Envelope, Mailbox, Retire};
 use crate::receiver::Receiver;
 use crate::sync::atomic::fence;
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
-use crate::sync::{arc_clone_raw, Arc, Mutex, Queue};
+use crate::sync::{arc_clone_raw, Arc, LocalFifo, Mutex, Queue};
 use crate::task::{Runnable, Task};
 use crate::trace;
 use crate::worker::WorkerCx;
@@ -65,7 +69,15 @@ type PaddedPort<K, M, H, S> = CachePadded<Port<K, M, H, S>>;
 
 /// Deliveries a port moves into mailboxes per turn before letting the
 /// worker's other tasks run.
+#[cfg(not(loom))]
 const PORT_BATCH: usize = 64;
+/// Under loom one per turn, so that a port re-queues itself with deliveries
+/// left in its batch buffer (`Gate::buf`) and the models explore that state.
+#[cfg(loom)]
+const PORT_BATCH: usize = 1;
+
+/// Deliveries a port takes from its inbox at once (one compare-exchange).
+const STEAL_BATCH: usize = 64;
 
 /// Port states.
 const PORT_IDLE: usize = 0;
@@ -116,8 +128,18 @@ struct Port<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
     inbox: Queue<Delivery<K, M, H, S>>,
     /// Held by the worker while it delivers, and by a force stop while it
-    /// empties the inbox; `true` once a force stop emptied it.
-    gate: Mutex<bool>,
+    /// empties the inbox.
+    gate: Mutex<Gate<K, M, H, S>>,
+}
+
+/// What a port's gate guards.
+struct Gate<K, M, H: Handler<K, M>, S> {
+    /// Set once a force stop emptied the port: nothing is delivered after.
+    closed: bool,
+    /// Deliveries taken from the inbox in one batch (one compare-exchange)
+    /// and not delivered yet: older than everything still in the inbox.
+    /// Non-empty only while the port is scheduled or running.
+    buf: LocalFifo<Delivery<K, M, H, S>>,
 }
 
 /// The typed heart of a dispatcher. Mailboxes point back to it.
@@ -197,9 +219,11 @@ where
         let port = &this.ports[worker];
         // A handler submitting to a key of its own worker, with nothing in
         // that worker's inbox for us to overtake: deliver straight into the
-        // mailbox (we are its worker, and not inside the port's turn).
+        // mailbox (we are its worker, and not inside the port's turn). An
+        // idle port also has nothing in its batch buffer (it goes idle only
+        // with the buffer empty, and only this thread runs it).
         let mut env = Some(env);
-        if port.inbox.is_empty() {
+        if port.state.load(Relaxed) == PORT_IDLE && port.inbox.is_empty() {
             let mailbox = &pin.mailbox;
             let direct = crate::worker::with_worker_cx(this.shared.id(), worker, |cx| {
                 let env = env.take().expect("taken once");
@@ -280,10 +304,15 @@ where
         port.state.store(PORT_RUNNING, SeqCst);
         let mut more = false;
         {
-            let closed = port.gate.lock();
-            if !*closed {
+            let gate = port.gate.lock();
+            if !gate.closed {
                 for _ in 0..PORT_BATCH {
-                    let Some(d) = port.inbox.pop() else { break };
+                    let next = gate.buf.pop();
+                    let Some(d) =
+                        next.or_else(|| port.inbox.pop_batch_into(&gate.buf, STEAL_BATCH))
+                    else {
+                        break;
+                    };
                     // SAFETY: the pin holds the mailbox while this delivery is
                     // counted in `sent` and not yet in `received`.
                     let mailbox = unsafe { d.mailbox.as_ref() };
@@ -298,7 +327,7 @@ where
                         cx.push_local(Task::new(arc));
                     }
                 }
-                more = !port.inbox.is_empty();
+                more = !gate.buf.is_empty() || !port.inbox.is_empty();
             }
         }
         if more {
@@ -439,9 +468,10 @@ where
             // step 3 and drop the pins, and the mailbox's worker may then
             // retire and free it while we still reject into it.
             let deliveries: Vec<OwnedDelivery<K, M, H, S>> = {
-                let mut closed = port.gate.lock();
-                *closed = true;
-                std::iter::from_fn(|| port.inbox.pop())
+                let mut gate = port.gate.lock();
+                gate.closed = true;
+                let gate = &*gate;
+                std::iter::from_fn(|| gate.buf.pop().or_else(|| port.inbox.pop()))
                     .map(|d| {
                         // SAFETY: the pin holds the mailbox while this
                         // delivery is in flight, and no pin is dropped yet:
@@ -780,7 +810,10 @@ where
                     CachePadded::new(Port {
                         state: AtomicUsize::new(PORT_IDLE),
                         inbox: Queue::new(),
-                        gate: Mutex::new(false),
+                        gate: Mutex::new(Gate {
+                            closed: false,
+                            buf: LocalFifo::new(),
+                        }),
                     })
                 })
                 .collect(),
