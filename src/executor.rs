@@ -129,11 +129,19 @@ impl Shared {
     }
 
     /// The worker for a new mailbox: a running one with nothing queued, else
-    /// a parked one, else the next in turn.
+    /// a parked one, else the next in turn. A handler creating a mailbox
+    /// prefers its own worker when that has nothing queued: keys that
+    /// message each other then stay on one core (and deliver directly),
+    /// instead of landing on another worker merely spinning for work.
     pub(crate) fn pick_worker(&self) -> usize {
         let n = self.workers.len();
         if n == 1 {
             return 0;
+        }
+        if let Some(me) = worker::current_worker(self.id()) {
+            if self.workers[me].has_nothing_queued() {
+                return me;
+            }
         }
         let start = self.next_worker.fetch_add(1, Relaxed) % n;
         let mut parked = None;

@@ -290,6 +290,19 @@ mod current {
 }
 use current::{CURRENT, CX};
 
+/// The index of the worker the current thread is, if it is one of the
+/// executor at `shared_id`'s workers.
+pub(crate) fn current_worker(shared_id: usize) -> Option<usize> {
+    if CURRENT.with(|c| c.get()) != shared_id {
+        return None;
+    }
+    CX.with(|cx| {
+        let cx = cx.get().cast::<WorkerCx<'static>>();
+        // SAFETY: as in `with_worker_cx`.
+        (!cx.is_null()).then(|| unsafe { (*cx).index })
+    })
+}
+
 /// Runs `f` with the current thread's `WorkerCx` if this thread is worker
 /// `index` of the executor at `shared_id` (a handler submitting to a key on
 /// its own worker).
