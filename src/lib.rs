@@ -111,10 +111,8 @@
 //!   whose messages arrive microseconds apart, on cores you own (in the
 //!   benchmarks, 50 µs lifted a hot-key workload by ~30 % and cost nothing at
 //!   one message per millisecond, where the adaptive rule stops spinning).
-//!   It can also hurt: keys that message each other (ping-pong) may be
-//!   spread over spinning workers instead of sharing one. **In a container
-//!   with a CPU quota, keep it at zero**: spinning spends the quota and gets
-//!   the whole process throttled.
+//!   **In a container with a CPU quota, keep it at zero**: spinning spends
+//!   the quota and gets the whole process throttled.
 //! - **`max_in_flight`** (per receiver; [`DEFAULT_MAX_IN_FLIGHT`] = 256): how
 //!   far a source may run ahead of its handlers. It bounds memory (at most that
 //!   many messages of this source exist) and queueing delay (about
