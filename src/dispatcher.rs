@@ -14,8 +14,11 @@
 //! key's state: signalling is per worker, as in a striped pool.
 //!
 //! The worker drains its port into the mailboxes' queues (counting them in
-//! `received`) and puts each mailbox that was idle at the back of its own
-//! FIFO queue, where it runs as described in `mailbox.rs`. It takes
+//! `received`) and puts each mailbox that was idle into its own FIFO queue
+//! at the port's place, in delivery order (not at the back: their messages
+//! were waiting since the port was queued, and must not wait behind a
+//! mailbox that yielded after `throughput` messages meanwhile), where it
+//! runs as described in `mailbox.rs`. It takes
 //! deliveries from the inbox in batches (one compare-exchange per batch, into
 //! a buffer under the port's gate) and delivers up to `PORT_BATCH` per turn;
 //! a port with deliveries left, in the buffer or the inbox, re-queues itself,
@@ -303,6 +306,9 @@ where
         let port = &this.ports[cx.index];
         port.state.store(PORT_RUNNING, SeqCst);
         let mut more = false;
+        // Where the next revived mailbox goes: the port's own place at the
+        // front of the worker's queue (see `WorkerCx::push_at`).
+        let mut place = 0;
         {
             let gate = port.gate.lock();
             if !gate.closed {
@@ -324,7 +330,8 @@ where
                             // the pin (see above).
                             unsafe { arc_clone_raw(d.mailbox.as_ptr().cast_const()) }
                         });
-                        cx.push_local(Task::new(arc));
+                        cx.push_at(place, Task::new(arc));
+                        place += 1;
                     }
                 }
                 more = !gate.buf.is_empty() || !port.inbox.is_empty();

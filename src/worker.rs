@@ -158,6 +158,23 @@ impl WorkerCx<'_> {
         self.me().local_len.store(local.len(), Relaxed);
     }
 
+    /// Queues a task on this worker at position `pos` of its local queue
+    /// (0 = next), or at the back if the queue is shorter. A port puts the
+    /// mailboxes it revives at the place it held itself, in delivery order:
+    /// their messages arrived after the port was queued, but before (or
+    /// while) the tasks behind it took their turns, so they should not wait
+    /// behind a mailbox that yields after `throughput` messages meanwhile.
+    #[inline]
+    pub(crate) fn push_at(&self, pos: usize, task: Task) {
+        let mut local = self.local.borrow_mut();
+        if pos >= local.len() {
+            local.push_back(task);
+        } else {
+            local.insert(pos, task);
+        }
+        self.me().local_len.store(local.len(), Relaxed);
+    }
+
     /// Puts a task that already had a turn (a mailbox yielding after
     /// `throughput` messages or woken during its poll, a port with more to
     /// deliver) at the back of this worker's queue: behind what other
