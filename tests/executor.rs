@@ -264,9 +264,7 @@ fn throughput_fairness_cold_key_runs_after_one_turn_of_the_hot_key() {
     let r = dispatcher.receiver(64).unwrap();
     let gate_done = r.submit_blocking("gate", 0).unwrap();
     // The worker is held: every message below is waiting when it frees up.
-    // (Had the worker taken some of the hot key's messages before the gate
-    // ran, the hot key's first turn could end early with its mailbox empty,
-    // and the cold key would run after those plus one full turn.)
+    // (The next test has the worker take some of them first.)
     started_rx.recv().unwrap();
     let mut handles = Vec::new();
     for i in 0..10 {
@@ -285,61 +283,67 @@ fn throughput_fairness_cold_key_runs_after_one_turn_of_the_hot_key() {
 }
 
 /// The same fairness when the hot key's messages reach the worker in two
-/// batches: the first four are already in its mailbox, the rest and the
-/// cold key's message still wait in the worker's inbox when the worker
-/// frees up. The cold key still runs after one turn of the hot key, not two.
+/// batches: the first `k` are already in its mailbox, the rest and the cold
+/// key's message still wait in the worker's inbox when the worker frees up.
+/// The cold key still runs after one turn of the hot key: not after two
+/// (`k` = 4: the hot key yields while the cold message is in the inbox), and
+/// not after `k` plus one (`k` < 4: the hot key runs dry after `k` while its
+/// next messages are in the inbox; its turn goes on with them).
 #[test]
 fn throughput_fairness_holds_when_the_cold_message_is_still_in_the_inbox() {
-    let executor = KeyedExecutor::builder()
-        .workers(1)
-        .throughput(4)
-        .build()
-        .unwrap();
-    let (first, second) = (Gate::new(), Gate::new());
-    let (started_tx, started_rx) = std::sync::mpsc::channel::<u32>();
-    let started_tx = Mutex::new(started_tx);
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let (g1, g2, o) = (first.clone(), second.clone(), order.clone());
-    let dispatcher = executor.dispatcher(handler::from_fn(move |key: &&'static str, i: u32| {
-        if *key == "gate" {
-            started_tx.lock().unwrap().send(i).unwrap();
-            if i == 0 {
-                g1.wait()
-            } else {
-                g2.wait()
-            }
-            return;
+    for k in 1..=4 {
+        let executor = KeyedExecutor::builder()
+            .workers(1)
+            .throughput(4)
+            .build()
+            .unwrap();
+        let (first, second) = (Gate::new(), Gate::new());
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<u32>();
+        let started_tx = Mutex::new(started_tx);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (g1, g2, o) = (first.clone(), second.clone(), order.clone());
+        let dispatcher =
+            executor.dispatcher(handler::from_fn(move |key: &&'static str, i: u32| {
+                if *key == "gate" {
+                    started_tx.lock().unwrap().send(i).unwrap();
+                    if i == 0 {
+                        g1.wait()
+                    } else {
+                        g2.wait()
+                    }
+                    return;
+                }
+                o.lock().unwrap().push(format!("{key}{i}"));
+            }));
+        let r = dispatcher.receiver(64).unwrap();
+        let mut handles = vec![r.submit_blocking("gate", 0).unwrap()];
+        assert_eq!(started_rx.recv().unwrap(), 0);
+        // The worker is held: these wait in its inbox and arrive together.
+        handles.push(r.submit_blocking("gate", 1).unwrap());
+        for i in 0..k {
+            handles.push(r.submit_blocking("hot", i).unwrap());
         }
-        o.lock().unwrap().push(format!("{key}{i}"));
-    }));
-    let r = dispatcher.receiver(64).unwrap();
-    let mut handles = vec![r.submit_blocking("gate", 0).unwrap()];
-    assert_eq!(started_rx.recv().unwrap(), 0);
-    // The worker is held: these wait in its inbox and arrive together.
-    handles.push(r.submit_blocking("gate", 1).unwrap());
-    for i in 0..4 {
-        handles.push(r.submit_blocking("hot", i).unwrap());
+        first.open();
+        // The worker delivered them and is held again, by gate message 1,
+        // with hot0..hot{k-1} in the hot key's mailbox behind it.
+        assert_eq!(started_rx.recv().unwrap(), 1);
+        for i in k..10 {
+            handles.push(r.submit_blocking("hot", i).unwrap());
+        }
+        handles.push(r.submit_blocking("cold", 0).unwrap());
+        second.open();
+        for h in handles {
+            h.wait().unwrap();
+        }
+        let order = order.lock().unwrap();
+        assert_eq!(order.len(), 11);
+        assert_eq!(order[4], "cold0", "k = {k}: order was {order:?}");
+        assert_eq!(&order[..4], ["hot0", "hot1", "hot2", "hot3"]);
+        assert_eq!(
+            &order[5..],
+            ["hot4", "hot5", "hot6", "hot7", "hot8", "hot9"]
+        );
     }
-    first.open();
-    // The worker delivered the batch and is held again, by gate message 1,
-    // with hot0..hot3 in the hot key's mailbox behind it.
-    assert_eq!(started_rx.recv().unwrap(), 1);
-    for i in 4..10 {
-        handles.push(r.submit_blocking("hot", i).unwrap());
-    }
-    handles.push(r.submit_blocking("cold", 0).unwrap());
-    second.open();
-    for h in handles {
-        h.wait().unwrap();
-    }
-    let order = order.lock().unwrap();
-    assert_eq!(order.len(), 11);
-    assert_eq!(order[4], "cold0", "order was {order:?}");
-    assert_eq!(&order[..4], ["hot0", "hot1", "hot2", "hot3"]);
-    assert_eq!(
-        &order[5..],
-        ["hot4", "hot5", "hot6", "hot7", "hot8", "hot9"]
-    );
 }
 
 #[test]
