@@ -110,6 +110,13 @@ impl Builder {
     /// worker's queue, so one hot key cannot starve the others. Default 16;
     /// must be at least 1. Higher values amortise scheduling for hot keys,
     /// lower ones cut the latency other keys of the same worker see.
+    ///
+    /// The bound, precisely: once a message of a cold key has reached its
+    /// worker (it is taken from the worker's inbox in batches), a hot key of
+    /// the same worker runs at most one more turn of `throughput` messages
+    /// before it — plus, if the hot key's current turn ran dry and ended
+    /// early, the few messages of that short turn. Messages still in the
+    /// inbox when the hot key yields are taken in ahead of it.
     pub fn throughput(mut self, throughput: usize) -> Self {
         self.throughput = throughput;
         self

