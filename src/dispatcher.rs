@@ -93,6 +93,8 @@ pub(crate) struct Pin<K, M, H: Handler<K, M>, S> {
     /// Messages pushed to the mailbox's port; compared with the mailbox's
     /// `received` to know that none is in flight.
     sent: u64,
+    /// The mailbox's worker (a copy: submitters read only the pin).
+    worker: usize,
 }
 
 /// A delivery taken out of an inbox by a force stop, holding its mailbox.
@@ -188,55 +190,52 @@ where
         if this.shared.is_closed() {
             return Err(env);
         }
+        // The submitter reads only the pin, never the mailbox (whose first
+        // line its worker writes on every message). A pinned mailbox may be
+        // closed only by a force stop's runner (after FORCED is set and seen
+        // by our check above only if the stop got here first): then our
+        // delivery is handed back by the stop — it empties the inboxes after
+        // taking this shard lock, and rejects what reached the mailbox's
+        // queue when it walks the pins. Retirement removes the pin before
+        // it closes the mailbox.
         let pin = match map.entry(key) {
-            Entry::Occupied(e) if !e.get().mailbox.is_closed() => e.into_mut(),
-            Entry::Occupied(mut e) => {
-                // A closed mailbox still pinned: either a force stop closed it
-                // after our check above (a runner saw FORCED), and the stop's
-                // walk will hand back its queue, so we refuse; or one was left
-                // behind (its key's `Hash` panicked while it retired): replace
-                // it. A runner only closes a forced mailbox after FORCED is
-                // set, so this re-check sees the flag.
-                if this.shared.is_closed() {
-                    return Err(env);
-                }
-                let worker = this.shared.pick_worker();
-                let mailbox = Mailbox::new(e.key().clone(), hash, worker, this.clone());
-                e.insert(Pin {
-                    mailbox: Arc::new(mailbox),
-                    sent: 0,
-                });
-                e.into_mut()
-            }
+            Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
                 let worker = this.shared.pick_worker();
                 let mailbox = Mailbox::new(e.key().clone(), hash, worker, this.clone());
                 e.insert(Pin {
                     mailbox: Arc::new(mailbox),
                     sent: 0,
+                    worker,
                 })
             }
         };
         pin.sent += 1;
-        let worker = pin.mailbox.worker();
+        let worker = pin.worker;
         let port = &this.ports[worker];
         // A handler submitting to a key of its own worker, with nothing in
         // that worker's inbox for us to overtake: deliver straight into the
         // mailbox (we are its worker, and not inside the port's turn). An
         // idle port also has nothing in its batch buffer (it goes idle only
-        // with the buffer empty, and only this thread runs it).
+        // with the buffer empty, and only this thread runs it). The
+        // thread-local is checked first: other threads never read the
+        // port's lines here.
         let mut env = Some(env);
-        if port.state.load(Relaxed) == PORT_IDLE && port.inbox.is_empty() {
+        {
             let mailbox = &pin.mailbox;
             let direct = crate::worker::with_worker_cx(this.shared.id(), worker, |cx| {
+                if port.state.load(Relaxed) != PORT_IDLE || !port.inbox.is_empty() {
+                    return false;
+                }
                 let env = env.take().expect("taken once");
                 if mailbox.deliver(env) {
                     // SAFETY: we are the mailbox's worker thread.
                     let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| mailbox.clone());
                     cx.push_local(Task::new(arc));
                 }
+                true
             });
-            if direct.is_some() {
+            if direct == Some(true) {
                 return Ok(());
             }
         }
@@ -274,9 +273,18 @@ where
         let _ = catch_unwind(AssertUnwindSafe(|| {
             match map.get(mailbox.key()) {
                 Some(pin) if Arc::ptr_eq(&pin.mailbox, mailbox) => {
-                    if pin.sent == mailbox.received() && mailbox.close_if_idle() {
+                    // Unpin first, then close: submitters do not check for a
+                    // closed mailbox, so none may stay pinned if `remove`
+                    // panics (the key's `Hash`/`Eq`). Under this lock, with
+                    // the pin in place, only this thread changes an idle
+                    // mailbox (a force stop claims it after taking the pin).
+                    if pin.sent == mailbox.received() && mailbox.is_idle() {
                         map.remove(mailbox.key());
-                        outcome = Retire::Retired;
+                        let closed = mailbox.close_if_idle();
+                        debug_assert!(closed, "an idle pinned mailbox changed under the lock");
+                        if closed {
+                            outcome = Retire::Retired;
+                        }
                     }
                 }
                 // Not findable: taken by a force stop, replaced, or a key

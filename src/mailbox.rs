@@ -238,6 +238,11 @@ where
         self.state.load(Acquire) & STATE_MASK == CLOSED
     }
 
+    /// Whether the mailbox is `IDLE` (no message, no future, not queued).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.state.load(Acquire) & STATE_MASK == IDLE
+    }
+
     /// Whether the mailbox has no work (idle, waiting to be retired, or
     /// closed).
     pub(crate) fn is_at_rest(&self) -> bool {
@@ -282,11 +287,6 @@ where
     #[inline]
     pub(crate) fn received(&self) -> u64 {
         self.received.load(Acquire)
-    }
-
-    /// The worker this mailbox runs on.
-    pub(crate) fn worker(&self) -> usize {
-        self.worker
     }
 
     /// Under the shard lock: closes the mailbox if it is idle, so it can be
