@@ -90,11 +90,28 @@ const PORT_RUNNING: usize = 2;
 /// Where a key with work lives. Written only under its shard lock.
 pub(crate) struct Pin<K, M, H: Handler<K, M>, S> {
     mailbox: Arc<Mailbox<K, M, H, S>>,
-    /// Messages pushed to the mailbox's port; compared with the mailbox's
-    /// `received` to know that none is in flight.
-    sent: u64,
+    /// Messages pushed to the mailbox's port, modulo 2^32; compared with the
+    /// mailbox's `received` (same modulus) to know that none is in flight.
+    /// Fewer than 2^32 are ever in flight (each holds a credit unit), so
+    /// equality modulo 2^32 is exact; 32 bits keep a pin at 16 bytes.
+    sent: u32,
     /// The mailbox's worker (a copy: submitters read only the pin).
-    worker: usize,
+    worker: u32,
+}
+
+impl<K, M, H, S> Pin<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    /// No delivery to the mailbox is in flight (every one sent was received).
+    #[inline]
+    fn none_in_flight(&self) -> bool {
+        // Truncation intended: both counters are compared modulo 2^32.
+        self.sent == self.mailbox.received() as u32
+    }
 }
 
 /// A delivery taken out of an inbox by a force stop, holding its mailbox.
@@ -206,12 +223,12 @@ where
                 e.insert(Pin {
                     mailbox: Arc::new(mailbox),
                     sent: 0,
-                    worker,
+                    worker: worker as u32,
                 })
             }
         };
-        pin.sent += 1;
-        let worker = pin.worker;
+        pin.sent = pin.sent.wrapping_add(1);
+        let worker = pin.worker as usize;
         let port = &this.ports[worker];
         // A handler submitting to a key of its own worker, with nothing in
         // that worker's inbox for us to overtake: deliver straight into the
@@ -278,7 +295,7 @@ where
                     // panics (the key's `Hash`/`Eq`). Under this lock, with
                     // the pin in place, only this thread changes an idle
                     // mailbox (a force stop claims it after taking the pin).
-                    if pin.sent == mailbox.received() && mailbox.is_idle() {
+                    if pin.none_in_flight() && mailbox.is_idle() {
                         map.remove(mailbox.key());
                         let closed = mailbox.close_if_idle();
                         debug_assert!(closed, "an idle pinned mailbox changed under the lock");
@@ -457,7 +474,7 @@ where
             let map = shard.lock();
             all += map.len();
             for pin in map.values() {
-                if pin.sent == pin.mailbox.received() && pin.mailbox.is_at_rest() {
+                if pin.none_in_flight() && pin.mailbox.is_at_rest() {
                     idle += usize::from(!pin.mailbox.is_closed());
                 } else {
                     live += 1;
@@ -565,7 +582,7 @@ where
         self.0.shards.iter().all(|s| {
             s.lock()
                 .values()
-                .all(|p| p.sent == p.mailbox.received() && p.mailbox.is_at_rest())
+                .all(|p| p.none_in_flight() && p.mailbox.is_at_rest())
         })
     }
 
