@@ -4,7 +4,8 @@
 //! # Routing
 //!
 //! A submitter hashes the key, locks the key's shard and looks up its
-//! [`Pin`]: the key's mailbox, and how many messages were `sent` to it. A key
+//! [`Pin`]: the key's mailbox, its worker, and how many messages were `sent`
+//! to it (the submitter never reads the mailbox itself). A key
 //! without a pin gets a new mailbox on the worker `pick_worker` chooses (a
 //! running one with nothing queued, else a parked one, else the next in
 //! turn). The submitter then pushes a delivery (mailbox pointer + message) on
