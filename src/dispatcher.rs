@@ -7,8 +7,8 @@
 //! [`Pin`]: the key's mailbox, its worker, and how many messages were `sent`
 //! to it (the submitter never reads the mailbox itself). A key
 //! without a pin gets a new mailbox on the worker `pick_worker` chooses (a
-//! running one with nothing queued, else a parked one, else the next in
-//! turn). The submitter then pushes a delivery (mailbox pointer + message) on
+//! running one with nothing queued, else a parked one, else the least
+//! loaded). The submitter then pushes a delivery (mailbox pointer + message) on
 //! that worker's [`Port`] inbox, *still under the shard lock*, and wakes the
 //! port if it is idle. Only submitters write pins and only the port's worker
 //! writes its mailboxes, so a message costs no cache-line exchange on the

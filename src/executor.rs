@@ -129,7 +129,8 @@ impl Shared {
     }
 
     /// The worker for a new mailbox: a running one with nothing queued, else
-    /// a parked one, else the next in turn. A handler creating a mailbox
+    /// a parked one, else the least loaded (fewest tasks queued, remote and
+    /// local; the first such from a rotating start). A handler creating a mailbox
     /// prefers its own worker when that has nothing queued: keys that
     /// message each other then stay on one core (and deliver directly),
     /// instead of landing on another worker merely spinning for work.
@@ -145,6 +146,7 @@ impl Shared {
         }
         let start = self.next_worker.fetch_add(1, Relaxed) % n;
         let mut parked = None;
+        let mut least = (usize::MAX, start);
         for i in 0..n {
             let idx = (start + i) % n;
             let w = &self.workers[idx];
@@ -153,8 +155,12 @@ impl Shared {
                 PARKED if parked.is_none() => parked = Some(idx),
                 _ => {}
             }
+            let load = w.queued();
+            if load < least.0 {
+                least = (load, idx);
+            }
         }
-        parked.unwrap_or(start)
+        parked.unwrap_or(least.1)
     }
 
     /// Pushes `task` on `worker`'s queue from any thread, waking the worker

@@ -39,7 +39,7 @@
 //! - **Workers.** One [`KeyedExecutor`] owns `workers` threads, shared by all
 //!   its dispatchers — never a thread per key, per dispatcher or per type.
 //!   Each worker has its own FIFO of mailboxes. A new mailbox goes to a worker
-//!   with nothing queued (else a parked one, else the next in turn) and stays
+//!   with nothing queued (else a parked one, else the least loaded) and stays
 //!   on it while it lives. After `throughput` messages in one turn, a mailbox
 //!   goes to the back of its worker's queue, so a hot key cannot starve the
 //!   others. A worker out of work spins for `spin` (zero by default), then
