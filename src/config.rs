@@ -111,12 +111,13 @@ impl Builder {
     /// must be at least 1. Higher values amortise scheduling for hot keys,
     /// lower ones cut the latency other keys of the same worker see.
     ///
-    /// The bound, precisely: once a message of a cold key has reached its
-    /// worker (it is taken from the worker's inbox in batches), a hot key of
-    /// the same worker runs at most one more turn of `throughput` messages
-    /// before it — plus, if the hot key's current turn ran dry and ended
-    /// early, the few messages of that short turn. Messages still in the
-    /// inbox when the hot key yields are taken in ahead of it.
+    /// The bound, precisely: a cold key's message waiting for a worker
+    /// (queued in its mailbox, or still in the worker's inbox) runs after at
+    /// most one turn of `throughput` messages of a hot key of that worker:
+    /// messages still in the inbox when the hot key yields are taken in
+    /// ahead of it, and a turn that ran dry only because the hot key's next
+    /// messages were still in the inbox is continued, not restarted, when
+    /// they arrive right after it.
     pub fn throughput(mut self, throughput: usize) -> Self {
         self.throughput = throughput;
         self

@@ -248,6 +248,8 @@ where
                 let env = env.take().expect("taken once");
                 if mailbox.deliver(env) {
                     // SAFETY: we are the mailbox's worker thread.
+                    unsafe { mailbox.revived(cx, false) };
+                    // SAFETY: we are the mailbox's worker thread.
                     let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| mailbox.clone());
                     cx.push_local(Task::new(arc));
                 }
@@ -349,6 +351,8 @@ where
                     // counted in `sent` and not yet in `received`.
                     let mailbox = unsafe { d.mailbox.as_ref() };
                     if mailbox.deliver(d.env) {
+                        // SAFETY: we are the mailbox's worker thread.
+                        unsafe { mailbox.revived(cx, true) };
                         // SAFETY: we are the mailbox's worker thread.
                         let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| {
                             // A new mailbox has no parked reference: take one.

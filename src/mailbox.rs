@@ -92,7 +92,7 @@ use crate::credit::CreditRef;
 use crate::dispatcher::DispatcherInner;
 use crate::error::{Panic, TaskError};
 use crate::handler::Handler;
-use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, SpinLock, UnsafeCell};
 use crate::task::{Runnable, Task};
 use crate::trace;
@@ -148,6 +148,20 @@ enum AfterPending {
     Requeued,
 }
 
+/// A mailbox's bookkeeping between turns. Only its worker thread touches
+/// it; 8 bytes, in what used to be the padding after a flag.
+#[derive(Default, Clone, Copy)]
+struct Turn {
+    /// Whether the mailbox is in its worker's idle list.
+    listed: bool,
+    /// The worker's tick (low 16 bits) when the last turn ran dry.
+    idle_tick: u16,
+    /// Messages that turn had run; the next turn counts them against
+    /// `throughput` if the very next task revived the mailbox at the front
+    /// of the queue (see `Mailbox::revived`), else starts afresh.
+    spent: u32,
+}
+
 // `repr(C)` so the fields every message touches (state, queue lock, queue
 // header) share the first cache line with the `Arc`'s counts.
 #[repr(C)]
@@ -170,15 +184,15 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
     future: UnsafeCell<Option<trace::Instrumented<H::Future>>>,
     meta: UnsafeCell<Option<Meta<H::Output, M>>>,
-    /// Whether the mailbox is in its worker's idle list. Only its worker
-    /// thread reads or writes it.
-    listed: AtomicBool,
+    /// What only its worker thread touches between turns (see [`Turn`]).
+    turn: UnsafeCell<Turn>,
     dispatcher: Arc<DispatcherInner<K, M, H, S>>,
 }
 
 // SAFETY: the `UnsafeCell`s are only accessed by the single party that owns
 // the mailbox's turn (the state machine above hands that ownership over with
-// AcqRel read-modify-writes); everything else is `Sync` on its own. The
+// AcqRel read-modify-writes), or, for `parked` and `turn`, only by the
+// mailbox's worker thread; everything else is `Sync` on its own. The
 // future and messages move between threads, hence the `Send` bounds.
 unsafe impl<K, M, H, S> Sync for Mailbox<K, M, H, S>
 where
@@ -224,7 +238,7 @@ where
             parked: UnsafeCell::new(None),
             future: UnsafeCell::new(None),
             meta: UnsafeCell::new(None),
-            listed: AtomicBool::new(false),
+            turn: UnsafeCell::new(Turn::default()),
             dispatcher,
         }
     }
@@ -269,6 +283,30 @@ where
         self.received
             .store(self.received.load(Relaxed) + 1, Release);
         revive
+    }
+
+    /// A delivery on `cx`'s worker revived this idle mailbox. If the task
+    /// doing it is the one that followed the mailbox's last turn, that turn
+    /// only ran dry because the key's next messages had not been taken in
+    /// from the inbox yet: the next turn continues it, with what is left of
+    /// `throughput` (so a cold key delivered with them still runs after one
+    /// turn of this key, not one and a bit). Otherwise it starts afresh.
+    ///
+    /// # Safety
+    /// Only on the mailbox's worker thread.
+    ///
+    /// `at_front`: the mailbox is queued where the reviving task was (a port
+    /// turn). A mailbox queued at the back (a handler's direct delivery)
+    /// has waited behind everything else: a fresh turn.
+    #[inline]
+    pub(crate) unsafe fn revived(&self, cx: &WorkerCx<'_>, at_front: bool) {
+        // SAFETY: only the worker thread touches `turn` (caller's
+        // contract, and `run` is on that thread too).
+        self.turn.with_mut(|t| unsafe {
+            if !at_front || (*t).idle_tick.wrapping_add(1) != cx.tick() as u16 {
+                (*t).spent = 0;
+            }
+        });
     }
 
     /// The reference the mailbox kept to itself when it went idle (none for
@@ -587,7 +625,12 @@ where
         if !this.claim_scheduled(RUNNING) {
             return;
         }
-        let mut budget = this.dispatcher.shared.config.throughput;
+        let throughput = this.dispatcher.shared.config.throughput;
+        // SAFETY: we own the turn, on the mailbox's worker thread.
+        let carried =
+            this.turn
+                .with_mut(|t| unsafe { std::mem::take(&mut (*t).spent) }) as usize;
+        let mut budget = throughput.saturating_sub(carried).max(1);
         if this.has_current() {
             // SAFETY: we own the turn and a future is stored.
             match unsafe { Self::poll_current(&this, cx) } {
@@ -612,13 +655,22 @@ where
                     }
                 }
                 Next::Idle => {
-                    // Stay in the map for a while, so the key's next message
-                    // reuses this mailbox; the worker retires it later.
-                    // Only this worker's thread touches `listed`: no RMW.
-                    let list = (!this.listed.load(Relaxed)).then(|| {
-                        this.listed.store(true, Relaxed);
-                        Task::new(this.clone())
+                    // Remember the turn (see `revived`), and stay in the map
+                    // for a while, so the key's next message reuses this
+                    // mailbox; the worker retires it later.
+                    let spent = (throughput - budget).min(u32::MAX as usize) as u32;
+                    let idle_tick = cx.tick() as u16;
+                    // SAFETY: we own the turn, on the mailbox's worker thread.
+                    let was_listed = this.turn.with_mut(|t| unsafe {
+                        let listed = (*t).listed;
+                        *t = Turn {
+                            listed: true,
+                            idle_tick,
+                            spent,
+                        };
+                        listed
                     });
+                    let list = (!was_listed).then(|| Task::new(this.clone()));
                     // Keep our reference for the next turn (see `parked`),
                     // before listing: listing may retire idle mailboxes.
                     let cell: *const UnsafeCell<Option<Arc<Self>>> = &this.parked;
@@ -642,7 +694,8 @@ where
     }
 
     fn retire(this: Arc<Self>) {
-        this.listed.store(false, Relaxed);
+        // SAFETY: `retire` runs on the mailbox's worker thread.
+        this.turn.with_mut(|t| unsafe { (*t).listed = false });
         let retired = matches!(this.dispatcher.retire(&this, this.hash), Retire::Retired);
         // Drop the reference it kept to itself whatever happened: closed
         // for good, it would never be freed; still busy (a delivery in

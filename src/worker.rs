@@ -147,6 +147,10 @@ pub(crate) struct WorkerCx<'a> {
     /// every message. Given back when the batch is full, before a message of
     /// another receiver starts, and before the worker waits for work.
     pending: Cell<Option<(CreditRef, u64)>>,
+    /// Tasks this worker has taken from its queue (wrapping): a mailbox
+    /// revived by the very task that followed its last turn continues that
+    /// turn (see `Mailbox::revived`).
+    ticks: Cell<u32>,
 }
 
 impl WorkerCx<'_> {
@@ -209,7 +213,16 @@ impl WorkerCx<'_> {
         }
         let task = local.pop_front();
         me.local_len.store(local.len(), Relaxed);
+        if task.is_some() {
+            self.ticks.set(self.ticks.get().wrapping_add(1));
+        }
         task
+    }
+
+    /// The number of the task this worker is running (wrapping).
+    #[inline]
+    pub(crate) fn tick(&self) -> u32 {
+        self.ticks.get()
     }
 
     /// A mailbox of this worker went idle.
@@ -381,6 +394,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         local: RefCell::new(VecDeque::new()),
         idle: RefCell::new(VecDeque::new()),
         pending: Cell::new(None),
+        ticks: Cell::new(0),
     };
     CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
     // Allow a spin on the first idle period.
