@@ -100,13 +100,7 @@ pub(crate) struct Pin<K, M, H: Handler<K, M>, S> {
     worker: u32,
 }
 
-impl<K, M, H, S> Pin<K, M, H, S>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    M: Send + 'static,
-    H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
-{
+impl<K, M, H: Handler<K, M>, S> Pin<K, M, H, S> {
     /// No delivery to the mailbox is in flight (every one sent was received).
     #[inline]
     fn none_in_flight(&self) -> bool {
@@ -307,8 +301,8 @@ where
                         }
                     }
                 }
-                // Not findable: taken by a force stop, replaced, or a key
-                // whose `Eq` is not reflexive (then no submit can reach it).
+                // Not findable: taken by a force stop, or a key whose `Eq`
+                // is not reflexive (then no submit can reach it).
                 _ => {
                     if mailbox.close_if_idle() {
                         outcome = Retire::Retired;

@@ -150,14 +150,12 @@ impl Shared {
         for i in 0..n {
             let idx = (start + i) % n;
             let w = &self.workers[idx];
-            match w.state.load(Relaxed) {
-                RUNNING | SPINNING if w.has_nothing_queued() => return idx,
-                PARKED if parked.is_none() => parked = Some(idx),
-                _ => {}
-            }
             let load = w.queued();
-            if load < least.0 {
-                least = (load, idx);
+            match w.state.load(Relaxed) {
+                RUNNING | SPINNING if load == 0 => return idx,
+                PARKED if parked.is_none() => parked = Some(idx),
+                _ if load < least.0 => least = (load, idx),
+                _ => {}
             }
         }
         parked.unwrap_or(least.1)

@@ -213,6 +213,15 @@ where
 {
 }
 
+// Plain reads, without the bounds the runner needs.
+impl<K, M, H: Handler<K, M>, S> Mailbox<K, M, H, S> {
+    /// Messages delivered so far.
+    #[inline]
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(Acquire)
+    }
+}
+
 impl<K, M, H, S> Mailbox<K, M, H, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -319,12 +328,6 @@ where
         // SAFETY: only the mailbox's worker thread touches `parked`
         // (caller's contract).
         self.parked.with_mut(|p| unsafe { (*p).take() })
-    }
-
-    /// Messages delivered so far.
-    #[inline]
-    pub(crate) fn received(&self) -> u64 {
-        self.received.load(Acquire)
     }
 
     /// Under the shard lock: closes the mailbox if it is idle, so it can be

@@ -171,11 +171,8 @@ impl WorkerCx<'_> {
     #[inline]
     pub(crate) fn push_at(&self, pos: usize, task: Task) {
         let mut local = self.local.borrow_mut();
-        if pos >= local.len() {
-            local.push_back(task);
-        } else {
-            local.insert(pos, task);
-        }
+        let pos = pos.min(local.len());
+        local.insert(pos, task);
         self.me().local_len.store(local.len(), Relaxed);
     }
 
