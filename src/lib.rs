@@ -256,35 +256,26 @@
 pub(crate) mod sync;
 
 mod completion;
-mod config;
-mod credit;
-mod dispatcher;
 pub mod error;
-mod executor;
-pub mod handler;
 pub mod lanes;
 pub mod limit;
-mod mailbox;
-mod receiver;
-mod spawn;
-mod stats;
-mod task;
+mod pool;
 mod trace;
 mod waiter;
-mod waker;
-mod worker;
 
 pub use completion::{Completion, Outcome};
-pub use config::{
-    Builder, DEFAULT_MAX_IN_FLIGHT, DEFAULT_THREAD_NAME, DEFAULT_THROUGHPUT, MAX_SPIN,
-};
-pub use dispatcher::{Dispatcher, DispatcherBuilder};
 pub use error::{ConfigError, Panic, SubmitError, TaskError};
-pub use executor::KeyedExecutor;
 pub use lanes::{BatchResult, Kernel, LaneError, Lanes};
 pub use limit::InFlightLimit;
-pub use receiver::{Receiver, SendFuture, SubmitFuture};
-pub use stats::{ExecutorStats, SpawnedStats, WorkerState, WorkerStats};
+pub use pool::config::{
+    Builder, DEFAULT_MAX_IN_FLIGHT, DEFAULT_THREAD_NAME, DEFAULT_THROUGHPUT, MAX_SPIN,
+};
+pub use pool::dispatcher::{Dispatcher, DispatcherBuilder};
+pub use pool::executor::KeyedExecutor;
+#[doc(inline)]
+pub use pool::handler;
+pub use pool::receiver::{Receiver, SendFuture, SubmitFuture};
+pub use pool::stats::{ExecutorStats, SpawnedStats, WorkerState, WorkerStats};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

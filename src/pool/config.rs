@@ -5,7 +5,6 @@ use std::sync::Arc as StdArc;
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::executor::KeyedExecutor;
 
 /// The longest a worker may spin before parking (1 ms).
 ///
@@ -25,7 +24,7 @@ pub const DEFAULT_THREAD_NAME: &str = "keyed-worker";
 
 pub(crate) type ThreadHook = StdArc<dyn Fn() + Send + Sync + 'static>;
 
-/// Builds a [`KeyedExecutor`]. Every setting has a default; [`build`](Self::build)
+/// Builds a [`KeyedExecutor`](crate::KeyedExecutor). Every setting has a default; [`build`](Self::build)
 /// validates them and starts the workers.
 ///
 /// ```
@@ -193,23 +192,12 @@ impl Builder {
     }
 
     /// Runs on each worker thread just before it exits. When
-    /// [`shutdown`](KeyedExecutor::shutdown) returns `true`, or
-    /// [`shutdown_now`](KeyedExecutor::shutdown_now) returns (called from
+    /// [`shutdown`](crate::KeyedExecutor::shutdown) returns `true`, or
+    /// [`shutdown_now`](crate::KeyedExecutor::shutdown_now) returns (called from
     /// outside the pool), every worker's hook has returned.
     pub fn on_thread_stop(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_thread_stop = Some(StdArc::new(f));
         self
-    }
-
-    /// Validates the settings and starts the workers.
-    ///
-    /// # Errors
-    /// [`ConfigError`] naming the bad setting: zero workers, zero throughput,
-    /// a spin above [`MAX_SPIN`], a thread name with a NUL byte, or the OS
-    /// refusing to start a thread.
-    pub fn build(self) -> Result<KeyedExecutor, ConfigError> {
-        let config = self.validate()?;
-        KeyedExecutor::start(config)
     }
 
     pub(crate) fn validate(self) -> Result<Config, ConfigError> {

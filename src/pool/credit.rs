@@ -234,12 +234,13 @@ impl Credit {
 
     /// Retries [`try_acquire`](Self::try_acquire) for up to
     /// [`CREDIT_SPIN`], yielding the thread between rounds, before a
-    /// blocking caller registers as a waiter. Gives back the units this
-    /// thread's worker holds back first (a handler submitting), since
-    /// those may be the ones it waits for.
+    /// blocking caller registers as a waiter. Calls `before_wait` first:
+    /// the receiver passes a function that gives back the units this
+    /// thread's worker holds back (a handler submitting), since those may
+    /// be the ones it waits for.
     #[cfg(not(loom))]
-    pub(crate) fn spin_acquire(&self) -> bool {
-        crate::worker::flush_held_credit();
+    pub(crate) fn spin_acquire(&self, before_wait: fn()) -> bool {
+        before_wait();
         let start = std::time::Instant::now();
         loop {
             for _ in 0..16 {
@@ -284,11 +285,18 @@ impl Credit {
 pub(crate) struct Acquire<'a> {
     credit: &'a Credit,
     id: Option<u64>,
+    /// Called once before each registration as a waiter (see
+    /// [`Credit::spin_acquire`]).
+    before_wait: fn(),
 }
 
 impl<'a> Acquire<'a> {
-    pub(crate) fn new(credit: &'a Credit) -> Self {
-        Acquire { credit, id: None }
+    pub(crate) fn new(credit: &'a Credit, before_wait: fn()) -> Self {
+        Acquire {
+            credit,
+            id: None,
+            before_wait,
+        }
     }
 
     /// True when a unit was taken (and the attempt is over); otherwise the
@@ -302,7 +310,7 @@ impl<'a> Acquire<'a> {
             if self.id.is_none() {
                 // About to wait: a worker running this (a handler submitting)
                 // must not sit on units it holds back.
-                crate::worker::flush_held_credit();
+                (self.before_wait)();
                 if self.credit.try_acquire() {
                     return true;
                 }
@@ -406,7 +414,7 @@ mod tests {
         assert!(h.credit().try_acquire());
         let h2 = h.clone();
         let t = std::thread::spawn(move || {
-            let mut a = Acquire::new(h2.credit());
+            let mut a = Acquire::new(h2.credit(), || {});
             while !a.poll(&thread_waiter) {
                 thread::park();
             }
@@ -431,8 +439,8 @@ mod tests {
         let h = CreditHandle::new(1);
         let c = h.credit();
         assert!(c.try_acquire());
-        let mut a = Acquire::new(c);
-        let mut b = Acquire::new(c);
+        let mut a = Acquire::new(c, || {});
+        let mut b = Acquire::new(c, || {});
         assert!(!a.poll(&thread_waiter));
         assert!(!b.poll(&thread_waiter));
         // SAFETY: one unit is held.

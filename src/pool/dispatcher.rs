@@ -51,19 +51,19 @@ use std::ptr::NonNull;
 use crossbeam_utils::CachePadded;
 
 use crate::completion::{Outcome, Slot};
-use crate::config::DEFAULT_MAX_IN_FLIGHT;
-use crate::credit::CreditRef;
 use crate::error::{ConfigError, Panic, TaskError};
-use crate::executor::{KeyedExecutor, Shared};
-use crate::handler::Handler;
-use crate::mailbox::{Envelope, Mailbox, Retire};
-use crate::receiver::Receiver;
+use crate::pool::config::DEFAULT_MAX_IN_FLIGHT;
+use crate::pool::credit::CreditRef;
+use crate::pool::executor::{KeyedExecutor, Shared};
+use crate::pool::handler::Handler;
+use crate::pool::mailbox::{Envelope, Mailbox, Retire};
+use crate::pool::receiver::{Core, Receiver};
+use crate::pool::task::{Runnable, Task};
+use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::fence;
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::sync::{arc_clone_raw, Arc, LocalFifo, Mutex, Queue};
-use crate::task::{Runnable, Task};
 use crate::trace;
-use crate::worker::WorkerCx;
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
 type PanicHook<K> = Box<dyn Fn(&K, Panic) + Send + Sync + 'static>;
@@ -235,7 +235,7 @@ where
         let mut env = Some(env);
         {
             let mailbox = &pin.mailbox;
-            let direct = crate::worker::with_worker_cx(this.shared.id(), worker, |cx| {
+            let direct = crate::pool::worker::with_worker_cx(this.shared.id(), worker, |cx| {
                 if port.state.load(Relaxed) != PORT_IDLE || !port.inbox.is_empty() {
                     return false;
                 }
@@ -596,14 +596,6 @@ where
     fn clone_box(&self) -> Box<dyn StopTarget> {
         Box::new(Target(self.0.clone()))
     }
-}
-
-/// The type-erased face of a dispatcher that handles and receivers hold.
-pub(crate) trait Core<K, M, O>: Send + Sync {
-    fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<(), Envelope<M, O>>;
-    fn is_closed(&self) -> bool;
-    fn live_mailboxes(&self) -> usize;
-    fn clone_box(&self) -> Box<dyn Core<K, M, O>>;
 }
 
 /// One user-facing handle: counts itself in `handles`.

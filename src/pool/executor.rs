@@ -46,17 +46,17 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::config::{Builder, Config};
-use crate::dispatcher::{Dispatcher, DispatcherBuilder, StopTarget};
 use crate::error::ConfigError;
-use crate::handler::Handler;
-use crate::spawn::Spawned;
-use crate::stats::{ExecutorStats, WorkerState, WorkerStats};
+use crate::pool::config::{Builder, Config};
+use crate::pool::dispatcher::{Dispatcher, DispatcherBuilder, StopTarget};
+use crate::pool::handler::Handler;
+use crate::pool::spawn::Spawned;
+use crate::pool::stats::{ExecutorStats, WorkerState, WorkerStats};
+use crate::pool::task::Task;
+use crate::pool::worker::{self, Worker, EXITED, PARKED, RUNNING, SPINNING};
 use crate::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{thread, Arc, Condvar, Mutex};
-use crate::task::Task;
 use crate::trace;
-use crate::worker::{self, Worker, EXITED, PARKED, RUNNING, SPINNING};
 
 const CLOSED: usize = 1;
 const FORCED: usize = 2;
@@ -361,6 +361,19 @@ impl Shared {
             closed: self.is_closed(),
             workers,
         }
+    }
+}
+
+impl Builder {
+    /// Validates the settings and starts the workers.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the bad setting: zero workers, zero throughput,
+    /// a spin above [`MAX_SPIN`](crate::MAX_SPIN), a thread name with a NUL byte, or the OS
+    /// refusing to start a thread.
+    pub fn build(self) -> Result<KeyedExecutor, ConfigError> {
+        let config = self.validate()?;
+        KeyedExecutor::start(config)
     }
 }
 

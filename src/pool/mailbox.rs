@@ -88,16 +88,16 @@ use std::ptr;
 use std::task::{Context, Poll};
 
 use crate::completion::{Outcome, Slot};
-use crate::credit::CreditRef;
-use crate::dispatcher::DispatcherInner;
 use crate::error::{Panic, TaskError};
-use crate::handler::Handler;
+use crate::pool::credit::CreditRef;
+use crate::pool::dispatcher::DispatcherInner;
+use crate::pool::handler::Handler;
+use crate::pool::task::{Runnable, Task};
+use crate::pool::waker::{Wake, WakerRef};
+use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, SpinLock, UnsafeCell};
-use crate::task::{Runnable, Task};
 use crate::trace;
-use crate::waker::{Wake, WakerRef};
-use crate::worker::WorkerCx;
 
 const SCHEDULED: usize = 1;
 const RUNNING: usize = 2;

@@ -9,12 +9,22 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use crate::completion::{Completion, Slot};
-use crate::credit::{Acquire, CreditHandle};
-use crate::dispatcher::Core;
 use crate::error::SubmitError;
-use crate::mailbox::Envelope;
+use crate::pool::credit::{Acquire, CreditHandle};
+use crate::pool::mailbox::Envelope;
+use crate::pool::worker;
 use crate::sync::{thread, Arc};
 use crate::waiter::Waiter;
+
+/// The type-erased face of a dispatcher that handles and receivers hold.
+/// (Defined here, implemented by `dispatcher.rs`: the receiver states what
+/// it needs from a dispatcher.)
+pub(crate) trait Core<K, M, O>: Send + Sync {
+    fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<(), Envelope<M, O>>;
+    fn is_closed(&self) -> bool;
+    fn live_mailboxes(&self) -> usize;
+    fn clone_box(&self) -> Box<dyn Core<K, M, O>>;
+}
 
 fn task_waiter(waker: &Waker) -> impl Fn(&mut Option<Waiter>) + '_ {
     move |slot| Waiter::register_task(slot, waker)
@@ -105,7 +115,7 @@ impl<K, M, O> Receiver<K, M, O> {
         SubmitFuture {
             receiver: self,
             item: Some((key, message)),
-            acquire: Acquire::new(self.credit.credit()),
+            acquire: Acquire::new(self.credit.credit(), worker::flush_held_credit),
         }
     }
 
@@ -179,7 +189,7 @@ impl<K, M, O> Receiver<K, M, O> {
             inner: SubmitFuture {
                 receiver: self,
                 item: Some((key, message)),
-                acquire: Acquire::new(self.credit.credit()),
+                acquire: Acquire::new(self.credit.credit(), worker::flush_held_credit),
             },
         }
     }
@@ -194,10 +204,10 @@ impl<K, M, O> Receiver<K, M, O> {
         // every release of the next batch a futex wake (see BENCHMARKS.md,
         // W1). Not under loom: the wait below is the protocol it checks.
         #[cfg(not(loom))]
-        if credit.spin_acquire() {
+        if credit.spin_acquire(worker::flush_held_credit) {
             return;
         }
-        let mut acquire = Acquire::new(credit);
+        let mut acquire = Acquire::new(credit, worker::flush_held_credit);
         while !acquire.poll(&thread_waiter) {
             thread::park();
         }

@@ -67,14 +67,14 @@ use std::task::{Context, Poll};
 use futures_task::{FutureObj, Spawn, SpawnError};
 
 use crate::error::Panic;
-use crate::executor::{KeyedExecutor, Shared};
-use crate::stats::SpawnedStats;
+use crate::pool::executor::{KeyedExecutor, Shared};
+use crate::pool::stats::SpawnedStats;
+use crate::pool::task::{Runnable, Task};
+use crate::pool::waker::{Wake, WakerRef};
+use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex, UnsafeCell};
-use crate::task::{Runnable, Task};
 use crate::trace;
-use crate::waker::{Wake, WakerRef};
-use crate::worker::WorkerCx;
 
 const SCHEDULED: usize = 1;
 const RUNNING: usize = 2;

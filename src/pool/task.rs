@@ -15,8 +15,8 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+use crate::pool::worker::WorkerCx;
 use crate::sync::Arc;
-use crate::worker::WorkerCx;
 
 /// Something a worker can run.
 pub(crate) trait Runnable: Send + Sync + 'static {

@@ -38,11 +38,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::credit::CreditRef;
-use crate::executor::Shared;
+use crate::pool::credit::CreditRef;
+use crate::pool::executor::Shared;
+use crate::pool::task::Task;
 use crate::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use crate::sync::{spin_loop, thread, Arc, Mutex, Queue};
-use crate::task::Task;
 
 pub(crate) const RUNNING: u8 = 0;
 pub(crate) const SPINNING: u8 = 1;

@@ -1,0 +1,32 @@
+//! The `KeyedExecutor` front-end: a fixed pool of worker threads that runs
+//! each key's messages one at a time, in arrival order, through per-key
+//! mailboxes.
+//!
+//! The files, from the user's side inwards (`ARCHITECTURE.md` at the
+//! repository's root walks one message through them):
+//!
+//! - `config.rs`: the executor's builder, defaults and validation.
+//! - `executor.rs`: the pool's handle and lifecycle (graceful and force stop).
+//! - `handler.rs`: what a dispatcher runs for a message, sync or async.
+//! - `dispatcher.rs`: one handler, its keys' pins and its per-worker inboxes.
+//! - `receiver.rs`: the sources that feed a dispatcher, with their credit.
+//! - `credit.rs`: the per-receiver credit word and its waiters.
+//! - `mailbox.rs`: one key's queue, its running future and its state machine.
+//! - `worker.rs`: a worker's queues and its spin-then-park loop.
+//! - `task.rs`: the type-erased handle a worker's queue holds.
+//! - `waker.rs`: the crate's own waker over a mailbox (or spawned task).
+//! - `spawn.rs`: `futures_task::Spawn` for unkeyed futures.
+//! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
+
+pub(crate) mod config;
+pub(crate) mod credit;
+pub(crate) mod dispatcher;
+pub(crate) mod executor;
+pub mod handler;
+pub(crate) mod mailbox;
+pub(crate) mod receiver;
+pub(crate) mod spawn;
+pub(crate) mod stats;
+pub(crate) mod task;
+pub(crate) mod waker;
+pub(crate) mod worker;
