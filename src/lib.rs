@@ -277,6 +277,14 @@ pub use pool::handler;
 pub use pool::receiver::{Receiver, SendFuture, SubmitFuture};
 pub use pool::stats::{ExecutorStats, SpawnedStats, WorkerState, WorkerStats};
 
+/// Internals that the loom models in `loom-tests/` check directly (built
+/// with `--cfg loom` only; not part of the API).
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod __loom {
+    pub use crate::pool::inbox::Inbox;
+}
+
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -29,7 +29,7 @@ mod imp {
     /// Atomics (re-exported from `std`).
     pub(crate) mod atomic {
         pub(crate) use std::sync::atomic::{
-            fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+            fence, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering,
         };
     }
 
@@ -289,6 +289,15 @@ mod imp {
     pub(crate) fn cas_guess(a: &atomic::AtomicU64) -> u64 {
         a.load(atomic::Ordering::Relaxed)
     }
+
+    /// Writes `v` into a state word that only the caller moves, where the
+    /// one racing write is a compare-exchange adding a flag that `v` may
+    /// discard (a stale waker's `NOTIFIED`): a release store. Under loom a
+    /// swap (see the loom half).
+    #[inline(always)]
+    pub(crate) fn overwrite(a: &atomic::AtomicUsize, v: usize) {
+        a.store(v, atomic::Ordering::Release);
+    }
 }
 
 #[cfg(loom)]
@@ -307,6 +316,7 @@ mod imp {
         pub(crate) type AtomicU8 = SeqCstInit<loom::sync::atomic::AtomicU8>;
         pub(crate) type AtomicU64 = SeqCstInit<loom::sync::atomic::AtomicU64>;
         pub(crate) type AtomicUsize = SeqCstInit<loom::sync::atomic::AtomicUsize>;
+        pub(crate) type AtomicPtr<T> = SeqCstInit<loom::sync::atomic::AtomicPtr<T>>;
     }
 
     /// A loom atomic whose initial value is also written with `SeqCst`.
@@ -351,6 +361,14 @@ mod imp {
     }
 
     seq_cst_init!(AtomicBool: bool, AtomicU8: u8, AtomicU64: u64, AtomicUsize: usize);
+
+    impl<T> SeqCstInit<loom::sync::atomic::AtomicPtr<T>> {
+        pub(crate) fn new(value: *mut T) -> Self {
+            let a = loom::sync::atomic::AtomicPtr::new(value);
+            a.store(value, loom::sync::atomic::Ordering::SeqCst);
+            SeqCstInit(a)
+        }
+    }
 
     /// A mutex that never poisons (loom's, unwrapped).
     #[derive(Debug)]
@@ -531,6 +549,15 @@ mod imp {
     /// executions more than fiftyfold.
     pub(crate) fn cas_guess(a: &atomic::AtomicU64) -> u64 {
         a.fetch_add(0, atomic::Ordering::Relaxed)
+    }
+
+    /// Under loom, [`overwrite`]'s store is a swap: loom lets a later
+    /// read-modify-write read a compare-exchange's value over a plain store
+    /// that follows it in modification order, an outcome the C++ model
+    /// forbids; as a swap the write is ordered after that CAS or makes it
+    /// fail, which is what the store does on real hardware.
+    pub(crate) fn overwrite(a: &atomic::AtomicUsize, v: usize) {
+        a.swap(v, atomic::Ordering::AcqRel);
     }
 }
 

@@ -1,0 +1,342 @@
+//! A port's inbox: an unbounded FIFO that many producers push to and one
+//! consumer at a time pops from (whoever holds the port's gate).
+//!
+//! # Algorithm
+//!
+//! A linked list of blocks of `CAP` slots ([`BLOCK_CAP`] by default), the
+//! classic segmented
+//! queue (as in crossbeam's `SegQueue`), specialised for a single consumer:
+//!
+//! - A producer claims the next index with one compare-exchange on the
+//!   shared `tail`, writes its slot and sets the slot's `ready` flag
+//!   (release). Indices run `0..CAP` within a block; the value
+//!   `CAP` is a marker meaning "the next block is being installed":
+//!   the producer that claims a block's last slot first links a new block
+//!   (`tail.block`, then the old block's `next`), then moves `tail` past
+//!   the marker. Producers that see the marker wait for that.
+//! - The consumer owns `head`: it reads a slot once its `ready` flag is set
+//!   (acquire), moves on, and frees a block once it has read its last slot
+//!   (every producer of that block has written it by then). A slot claimed
+//!   but not yet written stops the consumer there, so the queue is FIFO in
+//!   claim order; [`pop`](Inbox::pop) then returns `None` and the producer,
+//!   which checks its port's state after its push (see `dispatcher.rs`),
+//!   schedules the port again. No read-modify-write is paid per value on
+//!   the consumer's side.
+//!
+//! `head.index` is an atomic only so that [`is_empty`](Inbox::is_empty) can
+//! be asked from any thread; only the consumer writes it.
+
+use std::mem::MaybeUninit;
+use std::ptr;
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use crate::sync::{spin_loop, UnsafeCell};
+
+/// Slots per block (31: a block of small deliveries stays within a few
+/// pages of the allocator's fast size classes).
+#[cfg(not(loom))]
+pub(crate) const BLOCK_CAP: usize = 31;
+/// Under loom four slots per block: the executor's models then rarely
+/// cross a block boundary (each crossing multiplies their interleavings);
+/// this file's own loom model crosses them with two-slot blocks.
+#[cfg(loom)]
+pub(crate) const BLOCK_CAP: usize = 4;
+
+struct Slot<T> {
+    value: UnsafeCell<MaybeUninit<T>>,
+    ready: AtomicBool,
+}
+
+struct Block<T, const CAP: usize> {
+    next: AtomicPtr<Block<T, CAP>>,
+    slots: [Slot<T>; CAP],
+}
+
+impl<T, const CAP: usize> Block<T, CAP> {
+    fn new() -> Box<Self> {
+        Box::new(Block {
+            next: AtomicPtr::new(ptr::null_mut()),
+            slots: std::array::from_fn(|_| Slot {
+                value: UnsafeCell::new(MaybeUninit::uninit()),
+                ready: AtomicBool::new(false),
+            }),
+        })
+    }
+}
+
+struct Tail<T, const CAP: usize> {
+    index: AtomicUsize,
+    block: AtomicPtr<Block<T, CAP>>,
+}
+
+struct Head<T, const CAP: usize> {
+    /// Written only by the consumer.
+    index: AtomicUsize,
+    /// The block `index` is in. Consumer only.
+    block: UnsafeCell<*mut Block<T, CAP>>,
+}
+
+/// See the module docs.
+/// `CAP` slots a block (see [`BLOCK_CAP`]).
+// `pub` (in a private module) so that `loom-tests` can model it through
+// `keyed_executor::__loom` (cfg(loom) builds only).
+#[allow(unreachable_pub)]
+pub struct Inbox<T, const CAP: usize = BLOCK_CAP> {
+    head: CachePadded<Head<T, CAP>>,
+    tail: CachePadded<Tail<T, CAP>>,
+    /// A block the consumer finished with, for the next producer that needs
+    /// one: a producer allocating what a consumer on another thread frees
+    /// makes the allocator hand out fresh pages again and again.
+    spare: AtomicPtr<Block<T, CAP>>,
+}
+
+// SAFETY: values move from producers to the consumer (`T: Send`); the
+// consumer's cells are touched by one consumer at a time (the port's gate
+// serialises consumers, and the lock hand-over orders their accesses).
+unsafe impl<T: Send, const CAP: usize> Send for Inbox<T, CAP> {}
+// SAFETY: as above.
+unsafe impl<T: Send, const CAP: usize> Sync for Inbox<T, CAP> {}
+
+impl<T, const CAP: usize> Inbox<T, CAP> {
+    /// Index values per block: the slots and the "next block" marker.
+    const LAP: usize = CAP + 1;
+
+    /// An empty inbox (one block).
+    #[allow(unreachable_pub)]
+    pub fn new() -> Self {
+        let first = Box::into_raw(Block::<T, CAP>::new());
+        Inbox {
+            head: CachePadded::new(Head {
+                index: AtomicUsize::new(0),
+                block: UnsafeCell::new(first),
+            }),
+            tail: CachePadded::new(Tail {
+                index: AtomicUsize::new(0),
+                block: AtomicPtr::new(first),
+            }),
+            spare: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// A fresh block: the spare one if there is one.
+    fn new_block(&self) -> *mut Block<T, CAP> {
+        let spare = self.spare.swap(ptr::null_mut(), Acquire);
+        if spare.is_null() {
+            Box::into_raw(Block::new())
+        } else {
+            spare
+        }
+    }
+
+    /// Appends `value` (any thread).
+    #[allow(unreachable_pub)]
+    pub fn push(&self, value: T) {
+        let mut spare: Option<*mut Block<T, CAP>> = None;
+        let mut index = self.tail.index.load(Acquire);
+        loop {
+            let offset = index % Self::LAP;
+            if offset == CAP {
+                // Another producer is linking the next block.
+                spin_loop();
+                index = self.tail.index.load(Acquire);
+                continue;
+            }
+            // Loaded after `index`: the block that index is in (the linker
+            // stores the block before it moves `tail` past the marker).
+            let block = self.tail.block.load(Acquire);
+            if offset + 1 == CAP && spare.is_none() {
+                spare = Some(self.new_block());
+            }
+            match self
+                .tail
+                .index
+                .compare_exchange_weak(index, index + 1, SeqCst, Acquire)
+            {
+                Ok(_) => {
+                    if offset + 1 == CAP {
+                        // We took the block's last slot: link the next one
+                        // before our slot becomes readable, so the consumer
+                        // finds `next` set once it has read this slot.
+                        let next = spare.take().expect("allocated above");
+                        self.tail.block.store(next, Release);
+                        // SAFETY: `block` is alive: its last slot (ours) is
+                        // not ready, so the consumer has not freed it.
+                        unsafe { (*block).next.store(next, Release) };
+                        // Past the marker, to the first slot of `next`.
+                        self.tail.index.store(index + 2, Release);
+                    }
+                    // SAFETY: we own this slot (claimed by the CAS); the
+                    // block is alive until the consumer has read it.
+                    unsafe {
+                        let slot = &(*block).slots[offset];
+                        slot.value.with_mut(|p| (*p).write(value));
+                        slot.ready.store(true, Release);
+                    }
+                    if let Some(unused) = spare {
+                        // Claimed a slot elsewhere after all.
+                        self.recycle(unused);
+                    }
+                    return;
+                }
+                Err(actual) => index = actual,
+            }
+        }
+    }
+
+    /// Keeps `block` (no producer or consumer can reach it any more) as the
+    /// spare, or frees it if there is one already.
+    fn recycle(&self, block: *mut Block<T, CAP>) {
+        // SAFETY: nobody else can reach `block` (caller's contract), and it
+        // holds no value: reset its slots for its next use.
+        unsafe {
+            (*block).next.store(ptr::null_mut(), Relaxed);
+            for slot in (*block).slots.iter() {
+                slot.ready.store(false, Relaxed);
+            }
+        }
+        let old = self.spare.swap(block, AcqRel);
+        if !old.is_null() {
+            // SAFETY: the previous spare was reachable only through `spare`,
+            // which we just took it from; it came from `Box::into_raw`.
+            drop(unsafe { Box::from_raw(old) });
+        }
+    }
+
+    /// Takes the oldest value if it has been written.
+    ///
+    /// # Safety
+    /// Only one consumer at a time (the holder of the port's gate), with
+    /// its accesses ordered after the previous consumer's (the gate's lock
+    /// hand-over does that).
+    #[allow(unreachable_pub)]
+    pub unsafe fn pop(&self) -> Option<T> {
+        let index = self.head.index.load(Relaxed);
+        let offset = index % Self::LAP;
+        debug_assert!(offset < CAP, "head never rests on the marker");
+        // SAFETY: consumer-only cell (caller's contract).
+        let block = self.head.block.with(|b| unsafe { *b });
+        // SAFETY: the head block is alive until we free it below.
+        let slot = unsafe { &(*block).slots[offset] };
+        if !slot.ready.load(Acquire) {
+            return None;
+        }
+        // SAFETY: the slot is ready (written, acquired) and read once.
+        let value = slot.value.with(|p| unsafe { (*p).assume_init_read() });
+        if offset + 1 == CAP {
+            // SAFETY: the producer of this slot linked `next` before it
+            // set `ready` (acquired above).
+            let next = unsafe { (*block).next.load(Acquire) };
+            debug_assert!(!next.is_null());
+            // SAFETY: consumer-only cell.
+            self.head.block.with_mut(|b| unsafe { *b = next });
+            self.head.index.store(index + 2, Release);
+            // Every slot of `block` has been read and no producer touches a
+            // block after writing its slot: nobody can reach it.
+            self.recycle(block);
+        } else {
+            self.head.index.store(index + 1, Release);
+        }
+        Some(value)
+    }
+
+    /// Whether the oldest value has been written (so [`pop`](Self::pop)
+    /// would return it).
+    ///
+    /// # Safety
+    /// As for `pop`: called by the one consumer.
+    pub(crate) unsafe fn has_ready(&self) -> bool {
+        let offset = self.head.index.load(Relaxed) % Self::LAP;
+        // SAFETY: consumer-only cell (caller's contract).
+        let block = self.head.block.with(|b| unsafe { *b });
+        // SAFETY: the head block is alive while we are the consumer.
+        unsafe { (*block).slots[offset].ready.load(Acquire) }
+    }
+
+    /// Whether no value has been pushed since the consumer last drained it
+    /// (any thread; a value claimed but not yet written counts as present).
+    #[inline]
+    #[allow(unreachable_pub)]
+    pub fn is_empty(&self) -> bool {
+        self.head.index.load(Acquire) == self.tail.index.load(Acquire)
+    }
+
+    /// Roughly how many values wait (for stats).
+    pub(crate) fn len(&self) -> usize {
+        let head = self.head.index.load(Acquire);
+        let tail = self.tail.index.load(Acquire);
+        let slots = |i: usize| i / Self::LAP * CAP + (i % Self::LAP).min(CAP);
+        slots(tail).saturating_sub(slots(head))
+    }
+}
+
+impl<T, const CAP: usize> Drop for Inbox<T, CAP> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no producer or consumer is left.
+        unsafe {
+            while self.pop().is_some() {}
+            let block = self.head.block.with(|b| *b);
+            drop(Box::from_raw(block));
+            let spare = self.spare.load(Relaxed);
+            if !spare.is_null() {
+                drop(Box::from_raw(spare));
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn fifo_across_blocks_and_drop_frees_the_rest() {
+        let q: Inbox<Box<usize>> = Inbox::new();
+        for i in 0..(BLOCK_CAP * 3 + 5) {
+            q.push(Box::new(i));
+        }
+        assert!(!q.is_empty());
+        assert_eq!(q.len(), BLOCK_CAP * 3 + 5);
+        for i in 0..(BLOCK_CAP * 2) {
+            // SAFETY: the only consumer.
+            assert_eq!(*unsafe { q.pop() }.unwrap(), i);
+        }
+        drop(q); // the remaining boxes are freed (Miri checks the leak)
+    }
+
+    #[test]
+    fn many_producers_keep_each_ones_order() {
+        let q: Arc<Inbox<(u64, u64)>> = Arc::new(Inbox::new());
+        let producers: Vec<_> = (0..4u64)
+            .map(|p| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2_000u64 {
+                        q.push((p, i));
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0u64; 4];
+        let mut got = 0;
+        while got < 8_000 {
+            // SAFETY: the only consumer.
+            match unsafe { q.pop() } {
+                Some((p, i)) => {
+                    assert_eq!(next[p as usize], i, "producer {p} out of order");
+                    next[p as usize] += 1;
+                    got += 1;
+                }
+                None => std::thread::yield_now(),
+            }
+        }
+        for p in producers {
+            p.join().unwrap();
+        }
+        assert!(q.is_empty());
+        // SAFETY: the only consumer.
+        assert!(unsafe { q.pop() }.is_none());
+    }
+}
