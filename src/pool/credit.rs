@@ -47,8 +47,9 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
+use crate::pool::executor::Shared;
 use crate::sync::atomic::{AtomicU64, Ordering::*};
-use crate::sync::{cas_guess, Mutex};
+use crate::sync::{cas_guess, Arc, Mutex};
 use crate::waiter::Waiter;
 
 const IN_FLIGHT_MASK: u64 = (1 << 40) - 1;
@@ -70,6 +71,10 @@ pub(crate) struct Credit {
     /// How many released units a worker may hold back before returning them.
     batch: u64,
     waiters: Mutex<Waiters>,
+    /// The executor: it counts this credit in its list of sources (a
+    /// graceful stop waits until no source has a unit out), and is woken
+    /// when the last unit comes back during a stop. `None` in unit tests.
+    shared: Option<Arc<Shared>>,
 }
 
 #[derive(Default)]
@@ -81,7 +86,8 @@ struct Waiters {
 /// A counted handle to a credit (held by receivers).
 pub(crate) struct CreditHandle(NonNull<Credit>);
 
-/// An uncounted pointer to a credit, valid while its holder holds a unit.
+/// An uncounted pointer to a credit, valid while its holder holds a unit
+/// (or, for the executor's list of sources, while it is in that list).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CreditRef(NonNull<Credit>);
 
@@ -97,8 +103,9 @@ unsafe impl Send for CreditRef {}
 unsafe impl Sync for CreditRef {}
 
 impl CreditHandle {
-    /// A new credit of `max` units, with this one handle.
-    pub(crate) fn new(max: usize) -> Self {
+    /// A new credit of `max` units, with this one handle, counted in
+    /// `shared`'s sources.
+    pub(crate) fn new(max: usize, shared: Option<Arc<Shared>>) -> Self {
         let max = max.min(MAX_CREDIT) as u64;
         let credit = Box::new(Credit {
             word: CachePadded::new(AtomicU64::new(HANDLE)),
@@ -107,8 +114,14 @@ impl CreditHandle {
             // so batching never starves a small receiver.
             batch: (max / 16).clamp(1, 16),
             waiters: Mutex::new(Waiters::default()),
+            shared,
         });
-        CreditHandle(NonNull::from(Box::leak(credit)))
+        let ptr = NonNull::from(Box::leak(credit));
+        // SAFETY: just made; the handle keeps it alive.
+        if let Some(shared) = unsafe { ptr.as_ref() }.shared.as_ref() {
+            shared.register_source(CreditRef(ptr));
+        }
+        CreditHandle(ptr)
     }
 
     #[inline]
@@ -148,10 +161,24 @@ unsafe fn unpin(ptr: NonNull<Credit>) {
     // SAFETY: the count we own keeps the credit alive for this access.
     let prev = unsafe { ptr.as_ref() }.word.fetch_sub(HANDLE, AcqRel);
     if prev == HANDLE {
-        // SAFETY: the word is zero: no handle, unit or waiter is left, so
-        // nobody can reach the credit any more; it was made by `Box::leak`.
-        drop(unsafe { Box::from_raw(ptr.as_ptr()) });
+        // SAFETY: the word is zero: no handle, unit or waiter is left.
+        unsafe { free(ptr) };
     }
+}
+
+/// Frees a credit whose word reached zero: no handle, unit or waiter is
+/// left, so nobody but the executor's list of sources can reach it, and
+/// it is taken out of that list first.
+///
+/// # Safety
+/// The caller made the word zero; `ptr` came from `Box::leak`.
+unsafe fn free(ptr: NonNull<Credit>) {
+    // SAFETY: alive until we drop it below (caller's contract).
+    let credit = unsafe { Box::from_raw(ptr.as_ptr()) };
+    if let Some(shared) = &credit.shared {
+        shared.deregister_source(CreditRef(ptr));
+    }
+    drop(credit);
 }
 
 impl CreditRef {
@@ -169,8 +196,11 @@ impl CreditRef {
             if cur & WAITERS != 0 {
                 // Slow path: pin, so the credit outlives the wake-ups.
                 credit.word.fetch_add(HANDLE, Relaxed);
-                credit.word.fetch_sub(n, SeqCst);
+                let prev = credit.word.fetch_sub(n, SeqCst);
                 credit.notify(n);
+                if (prev - n) & IN_FLIGHT_MASK == 0 {
+                    credit.drained();
+                }
                 // SAFETY: we own the pin taken above.
                 unsafe { unpin(self.0) };
                 return;
@@ -181,15 +211,26 @@ impl CreditRef {
             {
                 Ok(_) => {
                     if cur == n {
-                        // SAFETY: we made the word zero: nobody else can reach
-                        // the credit; it was made by `Box::leak`.
-                        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+                        // SAFETY: we made the word zero; it was made by
+                        // `Box::leak`.
+                        unsafe { free(self.0) };
+                    } else if (cur - n) & IN_FLIGHT_MASK == 0 {
+                        // The last unit came back: a graceful stop may be
+                        // waiting for that (the handles keep it alive).
+                        credit.drained();
                     }
                     return;
                 }
                 Err(actual) => cur = actual,
             }
         }
+    }
+
+    /// The credit (valid while a unit is held, or while it is listed).
+    #[inline]
+    pub(crate) fn get(&self) -> &Credit {
+        // SAFETY: the caller's unit or the list keeps it alive.
+        unsafe { self.0.as_ref() }
     }
 
     /// Units a worker may hold back before giving them back.
@@ -201,6 +242,14 @@ impl CreditRef {
 }
 
 impl Credit {
+    /// No unit is out any more: during a graceful stop, the workers check
+    /// whether everything drained.
+    fn drained(&self) {
+        if let Some(shared) = &self.shared {
+            shared.wake_if_closed();
+        }
+    }
+
     pub(crate) fn max(&self) -> usize {
         self.max as usize
     }
@@ -381,7 +430,7 @@ mod tests {
 
     #[test]
     fn counts_caps_and_releases() {
-        let h = CreditHandle::new(2);
+        let h = CreditHandle::new(2, None);
         let c = h.credit();
         assert!(c.try_acquire());
         assert!(c.try_acquire());
@@ -397,7 +446,7 @@ mod tests {
 
     #[test]
     fn outlives_its_handles_while_units_are_held() {
-        let h = CreditHandle::new(4);
+        let h = CreditHandle::new(4, None);
         assert!(h.credit().try_acquire());
         let r = h.as_ref();
         let h2 = h.clone();
@@ -410,7 +459,7 @@ mod tests {
 
     #[test]
     fn blocked_acquirer_is_woken_by_release() {
-        let h = CreditHandle::new(1);
+        let h = CreditHandle::new(1, None);
         assert!(h.credit().try_acquire());
         let h2 = h.clone();
         let t = std::thread::spawn(move || {
@@ -436,7 +485,7 @@ mod tests {
 
     #[test]
     fn dropped_notified_waiter_passes_the_wake_on() {
-        let h = CreditHandle::new(1);
+        let h = CreditHandle::new(1, None);
         let c = h.credit();
         assert!(c.try_acquire());
         let mut a = Acquire::new(c, || {});

@@ -1,49 +1,60 @@
-//! Dispatchers: one handler, its pins (which worker each key with work is
-//! on), its ports (one inbox per worker) and the receivers that feed it.
+//! Dispatchers: one handler, the route table that says which worker each
+//! key's bucket lives on, and one port per worker: its inbox and the
+//! mailboxes of the keys that live there.
 //!
 //! # Routing
 //!
-//! A submitter hashes the key, locks the key's shard and looks up its
-//! [`Pin`]: the key's mailbox, its worker, and how many messages were `sent`
-//! to it (the submitter never reads the mailbox itself). A key
-//! without a pin gets a new mailbox on the worker `pick_worker` chooses (a
-//! running one with nothing queued, else a parked one, else the least
-//! loaded). The submitter then pushes a delivery (mailbox pointer + message) on
-//! that worker's [`Port`] inbox, *still under the shard lock*, and wakes the
-//! port if it is idle. Only submitters write pins and only the port's worker
-//! writes its mailboxes, so a message costs no cache-line exchange on the
-//! key's state: signalling is per worker, as in a striped pool.
+//! A submitter hashes the key (the dispatcher's hasher) and picks the key's
+//! *bucket* from the hash's high bits: one of `routes.len()` (≥ 1,024)
+//! words that map buckets to workers. One `fetch_add` on the bucket's word
+//! counts the message in its `sent` field and reads its worker; a bucket
+//! nobody has placed yet is placed by the first submitter (`pick_worker`:
+//! a running worker with nothing queued, else a parked one, else the least
+//! loaded). The submitter then pushes a delivery (key, hash, message) on
+//! that worker's port inbox and, if the port is idle, schedules it. The
+//! route table is small (8 bytes a bucket) and written by submitters only,
+//! so it stays in their caches: a submit touches no per-key state.
 //!
-//! The worker drains its port into the mailboxes' queues (counting them in
-//! `received`) and puts each mailbox that was idle into its own FIFO queue
-//! at the port's place, in delivery order (not at the back: their messages
-//! were waiting since the port was queued, and must not wait behind a
-//! mailbox that yielded after `throughput` messages meanwhile), where it
-//! runs as described in `mailbox.rs`. It takes
-//! deliveries from the inbox in batches (one compare-exchange per batch, into
-//! a buffer under the port's gate) and delivers up to `PORT_BATCH` per turn;
-//! a port with deliveries left, in the buffer or the inbox, re-queues itself,
-//! so the buffer is empty whenever the port is idle.
+//! The worker owns its port's mailboxes: the port's map (key → mailbox,
+//! keyed by the submitter's hash) lives under the port's *gate*, a lock
+//! the worker takes per delivery and that stops, retirement and stealing
+//! take to touch the port. A port's turn takes up to `PORT_BATCH`
+//! deliveries in order; each counts in its bucket's `received`, finds or
+//! creates its key's mailbox, and is offered to it (`Mailbox::offer`): an
+//! idle mailbox with budget left in its turn runs the message at once, with
+//! the gate released; otherwise the message joins the mailbox's queue (and
+//! a mailbox revived with its turn spent goes to the back of the worker's
+//! queue). A port with deliveries left re-queues itself behind the worker's
+//! other tasks.
 //!
-//! # The shard lock decides the races
+//! A bucket stays on its worker (sticky) while it has keys there; once the
+//! worker has retired every mailbox of the bucket and every delivery sent
+//! to it was received (`sent == received`, under the gate), it un-places
+//! the bucket with one compare-exchange (which fails if a submitter sent
+//! meanwhile), and the bucket's next message places it afresh.
 //!
-//! - submit vs. retire: the worker retires an idle mailbox (removes its pin)
-//!   under the shard lock, and only if `sent == received`: no delivery of it
-//!   is in flight, and no submitter can find it afterwards.
-//! - submit vs. stop: the executor's `CLOSED` flag is read under the shard
-//!   lock. A graceful stop counts a key as drained under that lock only when
-//!   `sent == received` and its mailbox is idle. A force stop takes every
-//!   shard lock once after setting `FORCED` (so every push that got past the
-//!   flag is in an inbox), then empties each port's inbox under the port's
-//!   gate (which the worker holds while it delivers, so no delivery is half
-//!   way), then walks the pins and hands back every queued message, all on
-//!   the stopping thread. A message is either refused with `Closed(msg)` or
-//!   seen by the stop — never lost in between.
+//! # The gate decides the races
+//!
+//! - submit vs. retire: a message for a key reaches its mailbox only
+//!   through its bucket's port, which retires mailboxes under its gate: a
+//!   delivery either finds the mailbox or makes a new one. There is no race
+//!   with the submitter, who never sees mailboxes.
+//! - submit vs. graceful stop: the executor's `CLOSED` flag is read after
+//!   the credit unit is taken, and the stop waits until no receiver has a
+//!   unit out (see `credit.rs`), so a message that got in is run.
+//! - submit vs. force stop: the stop sets `FORCED`, then for each port
+//!   takes the gate, marks the port `closed`, rejects what the inbox holds
+//!   and takes every mailbox out of the map; then, on the stopping thread,
+//!   hands back each mailbox's queue and cancels suspended futures. A
+//!   submitter pushes, fences and reads `closed`: if it is set, the stop may
+//!   have emptied the inbox before the push landed, so the submitter takes
+//!   the gate and rejects what is left itself. A message is either refused
+//!   with `Closed(msg)`, or run, or handed back — never lost in between.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
@@ -56,107 +67,183 @@ use crate::pool::config::DEFAULT_MAX_IN_FLIGHT;
 use crate::pool::credit::CreditRef;
 use crate::pool::executor::{KeyedExecutor, Shared};
 use crate::pool::handler::Handler;
-use crate::pool::mailbox::{Envelope, Mailbox, Retire};
+use crate::pool::inbox::Inbox;
+use crate::pool::mailbox::{Envelope, Mailbox, Offer, Retire};
 use crate::pool::receiver::{Core, Receiver};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::fence;
-use crate::sync::atomic::{AtomicUsize, Ordering::*};
-use crate::sync::{arc_clone_raw, Arc, LocalFifo, Mutex, Queue};
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use crate::sync::{Arc, SpinLock};
 use crate::trace;
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
 type PanicHook<K> = Box<dyn Fn(&K, Panic) + Send + Sync + 'static>;
-type Map<K, M, H, S> = HashMap<K, Pin<K, M, H, S>, S>;
-type Shard<K, M, H, S> = CachePadded<Mutex<Map<K, M, H, S>>>;
 type PaddedPort<K, M, H, S> = CachePadded<Port<K, M, H, S>>;
+pub(crate) type MailboxRef<K, M, H, S> = Arc<Mailbox<K, M, H, S>>;
+type Keys<K, M, H, S> = HashMap<Hashed<K>, MailboxRef<K, M, H, S>, BuildHasherDefault<PassThrough>>;
 
-/// Deliveries a port moves into mailboxes per turn before letting the
-/// worker's other tasks run.
+/// Deliveries a port takes per turn before letting the worker's other
+/// tasks run.
 #[cfg(not(loom))]
 const PORT_BATCH: usize = 64;
 /// Under loom one per turn, so that a port re-queues itself with deliveries
-/// left in its batch buffer (`Gate::buf`) and the models explore that state.
+/// left and the models explore that state.
 #[cfg(loom)]
 const PORT_BATCH: usize = 1;
-
-/// Deliveries a port takes from its inbox at once (one compare-exchange).
-const STEAL_BATCH: usize = 64;
 
 /// Port states.
 const PORT_IDLE: usize = 0;
 const PORT_SCHEDULED: usize = 1;
 const PORT_RUNNING: usize = 2;
 
-/// Where a key with work lives. Written only under its shard lock.
-pub(crate) struct Pin<K, M, H: Handler<K, M>, S> {
-    mailbox: Arc<Mailbox<K, M, H, S>>,
-    /// Messages pushed to the mailbox's port, modulo 2^32; compared with the
-    /// mailbox's `received` (same modulus) to know that none is in flight.
-    /// Fewer than 2^32 are ever in flight (each holds a credit unit), so
-    /// equality modulo 2^32 is exact; 32 bits keep a pin at 16 bytes.
-    sent: u32,
-    /// The mailbox's worker (a copy: submitters read only the pin).
-    worker: u32,
+// ----- the route table -------------------------------------------------------
+
+/// A bucket's word: `sent` in the low 32 bits (messages routed to it,
+/// modulo 2^32: fewer are ever in flight, each holding a credit unit), its
+/// worker in the next 16, `UNPLACED` if none.
+const SENT_MASK: u64 = (1 << 32) - 1;
+const WORKER_SHIFT: u32 = 32;
+const UNPLACED: u64 = 0xFFFF;
+
+#[inline]
+fn worker_of(word: u64) -> u64 {
+    word >> WORKER_SHIFT
 }
 
-impl<K, M, H: Handler<K, M>, S> Pin<K, M, H, S> {
-    /// No delivery to the mailbox is in flight (every one sent was received).
-    #[inline]
-    fn none_in_flight(&self) -> bool {
-        // Truncation intended: both counters are compared modulo 2^32.
-        self.sent == self.mailbox.received() as u32
+#[inline]
+fn sent_of(word: u64) -> u32 {
+    (word & SENT_MASK) as u32
+}
+
+#[inline]
+fn route_word(worker: u64, sent: u32) -> u64 {
+    (worker << WORKER_SHIFT) | u64::from(sent)
+}
+
+/// Buckets per dispatcher: enough that two keys rarely share one.
+fn bucket_count(workers: usize) -> usize {
+    #[cfg(not(loom))]
+    return (256 * workers).next_power_of_two().clamp(1024, 16384);
+    // Under loom two buckets: keys 0 and 1 may share one or not.
+    #[cfg(loom)]
+    {
+        let _ = workers;
+        2
     }
 }
 
-/// A delivery taken out of an inbox by a force stop, holding its mailbox.
-type OwnedDelivery<K, M, H, S> = (
-    Arc<Mailbox<K, M, H, S>>,
-    Envelope<M, <H as Handler<K, M>>::Output>,
-);
-
-/// A message on its way to its mailbox. The pointer is valid because the
-/// pin holds the mailbox while `sent > received` (this delivery counts).
-struct Delivery<K, M, H: Handler<K, M>, S> {
-    mailbox: NonNull<Mailbox<K, M, H, S>>,
-    env: Envelope<M, H::Output>,
+/// What a port keeps per bucket, under its gate.
+#[derive(Clone, Copy, Default)]
+struct BucketCount {
+    /// Deliveries of the bucket this port took (modulo 2^32). Zero unless
+    /// the port is the bucket's worker.
+    received: u32,
+    /// The bucket's mailboxes in this port's map.
+    live: u32,
 }
 
-// SAFETY: a delivery moves a message (`M: Send`) and a pointer to a mailbox
-// that is `Sync` (see `mailbox.rs`) to the mailbox's worker.
-unsafe impl<K, M, H, S> Send for Delivery<K, M, H, S>
-where
-    K: Send + Sync,
-    M: Send,
-    H: Handler<K, M>,
-    S: Send + Sync,
-{
+// ----- keys ------------------------------------------------------------------
+
+/// A key with the hash its submitter computed: the port's map never calls
+/// the user's `Hash` again (only `Eq`).
+pub(crate) struct Hashed<K> {
+    hash: u64,
+    key: K,
 }
 
-/// A dispatcher's inbox on one worker.
+impl<K> Hash for Hashed<K> {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl<K: Eq> PartialEq for Hashed<K> {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.key == other.key
+    }
+}
+
+impl<K: Eq> Eq for Hashed<K> {}
+
+/// The hasher of a port's map: hands the submitter's hash through.
+#[derive(Default)]
+pub(crate) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (by `Hashed`); fold anything else in.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+// ----- ports -----------------------------------------------------------------
+
+/// A message on its way to its key's mailbox.
+pub(crate) struct Delivery<K, M, O> {
+    key: K,
+    hash: u64,
+    env: Envelope<M, O>,
+}
+
+/// A dispatcher's port on one worker.
 ///
 /// `state`: `PORT_IDLE` (not queued), `PORT_SCHEDULED` (its task is in the
-/// worker's queue, exactly once), `PORT_RUNNING` (the worker delivers). A
-/// submitter pushes, fences, and moves it `IDLE` → `SCHEDULED` (CAS) to queue
-/// it; the worker, done delivering, stores `IDLE`, fences and re-checks the
+/// worker's queue, exactly once), `PORT_RUNNING` (a turn is under way). A
+/// submitter pushes, fences, and moves it `IDLE` → `SCHEDULED` (CAS) to
+/// queue it; the worker, done, stores `IDLE`, fences and re-checks the
 /// inbox: either the submitter saw `RUNNING`/`SCHEDULED` after its push, or
 /// the worker sees the push (SeqCst fences on both sides).
 struct Port<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
-    inbox: Queue<Delivery<K, M, H, S>>,
-    /// Held by the worker while it delivers, and by a force stop while it
-    /// empties the inbox.
-    gate: Mutex<Gate<K, M, H, S>>,
+    /// Set (under the gate) by a force stop once it emptied the inbox;
+    /// read by submitters after their push (see the module docs).
+    closed: AtomicBool,
+    inbox: Inbox<Delivery<K, M, H::Output>>,
+    /// Held for a delivery's bookkeeping, never across a handler (so a
+    /// spin lock: one swap to take, a store to release).
+    gate: SpinLock<Gate<K, M, H, S>>,
 }
 
 /// What a port's gate guards.
 struct Gate<K, M, H: Handler<K, M>, S> {
     /// Set once a force stop emptied the port: nothing is delivered after.
     closed: bool,
-    /// Deliveries taken from the inbox in one batch (one compare-exchange)
-    /// and not delivered yet: older than everything still in the inbox.
-    /// Non-empty only while the port is scheduled or running.
-    buf: LocalFifo<Delivery<K, M, H, S>>,
+    /// The mailboxes of this worker's keys.
+    keys: Keys<K, M, H, S>,
+    /// Per bucket (allocated on the first delivery).
+    buckets: Box<[BucketCount]>,
+}
+
+impl<K, M, H: Handler<K, M>, S> Gate<K, M, H, S> {
+    #[inline]
+    fn bucket(&mut self, b: usize, n: usize) -> &mut BucketCount {
+        if self.buckets.is_empty() {
+            self.buckets = vec![BucketCount::default(); n].into_boxed_slice();
+        }
+        &mut self.buckets[b]
+    }
+}
+
+/// A delivery taken out of an inbox or map by a force stop.
+enum Stopped<K, M, H: Handler<K, M>, S> {
+    Delivery(Delivery<K, M, H::Output>),
+    Mailbox(MailboxRef<K, M, H, S>),
 }
 
 /// The typed heart of a dispatcher. Mailboxes point back to it.
@@ -164,7 +251,7 @@ pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     pub(crate) shared: Arc<Shared>,
     pub(crate) handler: H,
     hasher: S,
-    shards: Box<[Shard<K, M, H, S>]>,
+    routes: Box<[AtomicU64]>,
     ports: Box<[PaddedPort<K, M, H, S>]>,
     on_reject: Option<RejectHook<K, M>>,
     on_panic: Option<PanicHook<K>>,
@@ -180,12 +267,32 @@ where
     H: Handler<K, M>,
     S: BuildHasher + Send + Sync + 'static,
 {
+    /// The bucket of a hash: its high bits (the map uses the low ones).
     #[inline]
-    fn shard(&self, hash: u64) -> &Mutex<Map<K, M, H, S>> {
-        // The set uses the low bits of the same hash; take the shard from the
-        // high ones.
-        let i = (hash >> 40) as usize & (self.shards.len() - 1);
-        &self.shards[i]
+    fn bucket_of(&self, hash: u64) -> usize {
+        (hash >> 40) as usize & (self.routes.len() - 1)
+    }
+
+    /// The worker of bucket `b`, whose word (after our `fetch_add`) is
+    /// `word`; places the bucket if nobody has.
+    #[cold]
+    fn place(&self, b: usize, mut word: u64) -> usize {
+        let mut picked = None;
+        loop {
+            if worker_of(word) != UNPLACED {
+                return worker_of(word) as usize;
+            }
+            let p = *picked.get_or_insert_with(|| self.shared.pick_worker());
+            match self.routes[b].compare_exchange(
+                word,
+                route_word(p as u64, sent_of(word)),
+                SeqCst,
+                SeqCst,
+            ) {
+                Ok(_) => return p,
+                Err(actual) => word = actual,
+            }
+        }
     }
 
     /// Accepts `env` for `key`, or hands it back if the executor is closed.
@@ -195,172 +302,165 @@ where
         key: K,
         env: Envelope<M, H::Output>,
     ) -> Result<(), Envelope<M, H::Output>> {
-        use std::collections::hash_map::Entry;
+        // The key's `Hash` is user code: a panic here reaches the submitter
+        // (whose credit unit is given back by the receiver).
         let hash = this.hasher.hash_one(&key);
-        let shard = this.shard(hash);
-        let mut map = shard.lock();
         if this.shared.is_closed() {
             return Err(env);
         }
-        // The submitter reads only the pin, never the mailbox (whose first
-        // line its worker writes on every message). A pinned mailbox may be
-        // closed only by a force stop's runner (after FORCED is set and seen
-        // by our check above only if the stop got here first): then our
-        // delivery is handed back by the stop — it empties the inboxes after
-        // taking this shard lock, and rejects what reached the mailbox's
-        // queue when it walks the pins. Retirement removes the pin before
-        // it closes the mailbox.
-        let pin = match map.entry(key) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => {
-                let worker = this.shared.pick_worker();
-                let mailbox = Mailbox::new(e.key().clone(), hash, worker, this.clone());
-                e.insert(Pin {
-                    mailbox: Arc::new(mailbox),
-                    sent: 0,
-                    worker: worker as u32,
-                })
-            }
+        let b = this.bucket_of(hash);
+        let word = this.routes[b].fetch_add(1, SeqCst);
+        let worker = match worker_of(word) {
+            UNPLACED => this.place(b, word + 1),
+            w => w as usize,
         };
-        pin.sent = pin.sent.wrapping_add(1);
-        let worker = pin.worker as usize;
         let port = &this.ports[worker];
-        // A handler submitting to a key of its own worker, with nothing in
-        // that worker's inbox for us to overtake: deliver straight into the
-        // mailbox (we are its worker, and not inside the port's turn). An
-        // idle port also has nothing in its batch buffer (it goes idle only
-        // with the buffer empty, and only this thread runs it). The
-        // thread-local is checked first: other threads never read the
-        // port's lines here.
-        let mut env = Some(env);
-        {
-            let mailbox = &pin.mailbox;
-            let direct = crate::pool::worker::with_worker_cx(this.shared.id(), worker, |cx| {
-                if port.state.load(Relaxed) != PORT_IDLE || !port.inbox.is_empty() {
-                    return false;
-                }
-                let env = env.take().expect("taken once");
-                if mailbox.deliver(env) {
-                    // SAFETY: we are the mailbox's worker thread.
-                    unsafe { mailbox.revived(cx, false) };
-                    // SAFETY: we are the mailbox's worker thread.
-                    let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| mailbox.clone());
-                    cx.push_local(Task::new(arc));
-                }
-                true
-            });
-            if direct == Some(true) {
-                return Ok(());
-            }
-        }
-        port.inbox.push(Delivery {
-            // From `Arc::as_ptr`, not from a `&Mailbox`: the pointer keeps
-            // the provenance of the whole allocation, which `arc_clone_raw`
-            // needs to reach the reference counts (Miri's Stacked Borrows
-            // rejects a pointer derived from the reference).
-            // SAFETY: an `Arc`'s pointer is never null.
-            mailbox: unsafe { NonNull::new_unchecked(Arc::as_ptr(&pin.mailbox).cast_mut()) },
-            env: env.take().expect("not delivered directly"),
-        });
-        // Pushed under the shard lock: a force stop that has taken this lock
-        // after setting FORCED finds the delivery in the inbox.
-        drop(map);
+        let d = Delivery { key, hash, env };
+        port.inbox.push(d);
         fence(SeqCst);
+        if port.closed.load(SeqCst) {
+            // A force stop may have emptied the inbox before our push
+            // landed: hand back what is left, here.
+            this.reject_late(port);
+            return Ok(());
+        }
         if port.state.load(SeqCst) == PORT_IDLE
             && port
                 .state
                 .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
                 .is_ok()
         {
-            this.shared.schedule(worker, Task::new(this.clone()));
+            // A handler submitting to a key of its own worker queues the
+            // port locally (no wake-up: it is running); anyone else pushes
+            // it on the worker's queue and wakes it if it sleeps.
+            let mut task = Some(Task::new(this.clone()));
+            let _ = crate::pool::worker::with_worker_cx(this.shared.id(), worker, |cx| {
+                cx.push_local(task.take().expect("taken once"));
+            });
+            if let Some(task) = task {
+                this.shared.schedule(worker, task);
+            }
         }
         Ok(())
     }
 
-    /// The worker of an idle `mailbox` retires it: under the shard lock, if
-    /// no delivery of it is in flight, close it and remove its pin.
-    pub(crate) fn retire(&self, mailbox: &Arc<Mailbox<K, M, H, S>>, hash: u64) -> Retire {
-        let mut map = self.shard(hash).lock();
-        let mut outcome = Retire::Busy;
-        // `Hash`/`Eq` are user code: a panic here must not kill the worker.
-        // If it does, the mailbox stays (idle) and its pin with it.
-        let _ = catch_unwind(AssertUnwindSafe(|| {
-            match map.get(mailbox.key()) {
-                Some(pin) if Arc::ptr_eq(&pin.mailbox, mailbox) => {
-                    // Unpin first, then close: submitters do not check for a
-                    // closed mailbox, so none may stay pinned if `remove`
-                    // panics (the key's `Hash`/`Eq`). Under this lock, with
-                    // the pin in place, only this thread changes an idle
-                    // mailbox (a force stop claims it after taking the pin).
-                    if pin.none_in_flight() && mailbox.is_idle() {
-                        map.remove(mailbox.key());
-                        let closed = mailbox.close_if_idle();
-                        debug_assert!(closed, "an idle pinned mailbox changed under the lock");
-                        if closed {
-                            outcome = Retire::Retired;
-                        }
-                    }
+    /// The mailbox of `key` in this port's map, made if it has none (its
+    /// pointer, valid while it is in the map: under the gate). `Err` if
+    /// the key's `Eq`, `Clone` or `Drop` panicked (user code).
+    fn mailbox_for(
+        this: &Arc<Self>,
+        gate: &mut Gate<K, M, H, S>,
+        b: usize,
+        hash: u64,
+        key: K,
+        worker: usize,
+    ) -> Result<NonNull<Mailbox<K, M, H, S>>, Panic> {
+        use std::collections::hash_map::Entry;
+        fn ptr<T>(m: &Arc<T>) -> NonNull<T> {
+            // From `Arc::as_ptr`: the pointer keeps the provenance of the
+            // whole allocation, which `arc_clone_raw` needs to reach the
+            // reference counts (Miri's Stacked Borrows rejects a pointer
+            // derived from a `&T`).
+            // SAFETY: an `Arc`'s pointer is never null.
+            unsafe { NonNull::new_unchecked(Arc::as_ptr(m).cast_mut()) }
+        }
+        let keys = &mut gate.keys;
+        let found = catch_unwind(AssertUnwindSafe(|| {
+            match keys.entry(Hashed { hash, key }) {
+                Entry::Occupied(e) => (ptr(e.get()), false),
+                Entry::Vacant(e) => {
+                    let key = e.key().key.clone();
+                    let m = e.insert(Arc::new(Mailbox::new(key, hash, worker, this.clone())));
+                    (ptr(m), true)
                 }
-                // Not findable: taken by a force stop, or a key whose `Eq`
-                // is not reflexive (then no submit can reach it).
-                _ => {
-                    if mailbox.close_if_idle() {
-                        outcome = Retire::Retired;
-                    }
-                }
-            }
-            // Give memory back once most keys went quiet.
-            let len = map.len();
-            if map.capacity() > 64 && len * 4 < map.capacity() {
-                map.shrink_to(len * 2);
             }
         }));
-        drop(map);
-        if matches!(outcome, Retire::Retired) && self.handles.load(Acquire) == 0 {
-            self.shared.deregister_if_idle(self.id);
+        match found {
+            Ok((m, created)) => {
+                if created {
+                    gate.bucket(b, this.routes.len()).live += 1;
+                }
+                Ok(m)
+            }
+            Err(payload) => Err(Panic::new(payload)),
         }
-        outcome
     }
 
-    /// The port's turn on `cx`'s worker: move up to `PORT_BATCH` deliveries
-    /// into their mailboxes, queueing each mailbox that was idle.
+    /// A message whose key's `Eq`/`Clone` panicked in a port: it fails as
+    /// panicked (without the `on_panic` hook, which needs the key).
+    fn fail_unkeyed(&self, env: Envelope<M, H::Output>, panic: Panic) {
+        let Envelope { reply, credit, .. } = env;
+        // SAFETY: the failed message held this unit.
+        unsafe { credit.release(1) };
+        if let Some(slot) = reply {
+            slot.complete(Err(TaskError::Panicked(panic)));
+        }
+    }
+
+    /// A push that landed after a force stop emptied `port`: hand back
+    /// whatever the inbox holds, on this (the submitter's) thread.
+    #[cold]
+    fn reject_late(&self, port: &Port<K, M, H, S>) {
+        let late: Vec<Delivery<K, M, H::Output>> = {
+            let _gate = port.gate.lock();
+            // SAFETY: we hold the gate: the only consumer.
+            std::iter::from_fn(|| unsafe { port.inbox.pop() }).collect()
+        };
+        for d in late {
+            self.reject(&d.key, d.env);
+        }
+    }
+
+    /// The port's turn on `cx`'s worker: take up to `PORT_BATCH` deliveries
+    /// in order and offer each to its key's mailbox (see the module docs).
     fn run_port(this: Arc<Self>, cx: &WorkerCx<'_>) {
         let port = &this.ports[cx.index];
         port.state.store(PORT_RUNNING, SeqCst);
-        let mut more = false;
-        // Where the next revived mailbox goes: the port's own place at the
-        // front of the worker's queue (see `WorkerCx::push_at`).
-        let mut place = 0;
-        {
-            let gate = port.gate.lock();
-            if !gate.closed {
-                for _ in 0..PORT_BATCH {
-                    let next = gate.buf.pop();
-                    let Some(d) =
-                        next.or_else(|| port.inbox.pop_batch_into(&gate.buf, STEAL_BATCH))
-                    else {
-                        break;
-                    };
-                    // SAFETY: the pin holds the mailbox while this delivery is
-                    // counted in `sent` and not yet in `received`.
-                    let mailbox = unsafe { d.mailbox.as_ref() };
-                    if mailbox.deliver(d.env) {
-                        // SAFETY: we are the mailbox's worker thread.
-                        unsafe { mailbox.revived(cx, true) };
-                        // SAFETY: we are the mailbox's worker thread.
-                        let arc = unsafe { mailbox.take_parked() }.unwrap_or_else(|| {
-                            // A new mailbox has no parked reference: take one.
-                            // SAFETY: the pointer is an `Arc`'s, kept alive by
-                            // the pin (see above).
-                            unsafe { arc_clone_raw(d.mailbox.as_ptr().cast_const()) }
-                        });
-                        cx.push_at(place, Task::new(arc));
-                        place += 1;
-                    }
+        cx.port_turn(true);
+        let n = this.routes.len();
+        let mut more = true;
+        for _ in 0..PORT_BATCH {
+            let mut gate = port.gate.lock();
+            if gate.closed {
+                more = false;
+                break;
+            }
+            // SAFETY: we hold the gate: the only consumer.
+            let Some(Delivery { key, hash, env }) = (unsafe { port.inbox.pop() }) else {
+                more = false;
+                break;
+            };
+            let b = this.bucket_of(hash);
+            let count = gate.bucket(b, n);
+            count.received = count.received.wrapping_add(1);
+            let mailbox = match Self::mailbox_for(&this, &mut gate, b, hash, key, cx.index) {
+                Ok(m) => m,
+                Err(p) => {
+                    drop(gate);
+                    this.fail_unkeyed(env, p);
+                    continue;
                 }
-                more = !gate.buf.is_empty() || !port.inbox.is_empty();
+            };
+            // SAFETY: on the mailbox's worker, in its port's turn, gate held
+            // and open; the map keeps the mailbox alive.
+            match unsafe { Mailbox::offer(mailbox, env, cx) } {
+                Offer::Inline(own, env) => {
+                    // Not under the gate: a long handler must not hold up a
+                    // stop (which takes the gate).
+                    drop(gate);
+                    Mailbox::run_inline(own, env, cx);
+                }
+                Offer::Queued(Some(task)) => {
+                    drop(gate);
+                    cx.requeue_local(task);
+                }
+                Offer::Queued(None) => {}
             }
         }
+        if more {
+            more = !port.inbox.is_empty();
+        }
+        cx.port_turn(false);
         if more {
             // Fairness: let the worker's other tasks run, then come back.
             port.state.store(PORT_SCHEDULED, SeqCst);
@@ -369,14 +469,94 @@ where
         }
         port.state.store(PORT_IDLE, SeqCst);
         fence(SeqCst);
-        if !port.inbox.is_empty()
-            && port
-                .state
-                .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
-                .is_ok()
-        {
-            cx.push_local(Task::new(this));
+        // A submitter that pushed before our store sees `RUNNING` or
+        // `SCHEDULED` and leaves the scheduling to us. Re-queue only for a
+        // value that is there: one claimed but not yet written makes
+        // `is_empty` false while `pop` sees nothing, and its producer,
+        // which reads the state after its push, schedules us itself.
+        if !port.inbox.is_empty() {
+            let ready = {
+                let gate = port.gate.lock();
+                // SAFETY: we hold the gate: the only consumer.
+                !gate.closed && unsafe { port.inbox.has_ready() }
+            };
+            if ready
+                && port
+                    .state
+                    .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
+                    .is_ok()
+            {
+                cx.push_local(Task::new(this));
+            }
         }
+    }
+
+    /// The worker of an idle `mailbox` retires it: under its port's gate, if
+    /// it is still idle and in the map, close it and remove it; a bucket left
+    /// with no mailbox and no delivery in flight is un-placed.
+    pub(crate) fn retire(&self, mailbox: &MailboxRef<K, M, H, S>, worker: usize) -> Retire {
+        let port = &self.ports[worker];
+        let mut gate = port.gate.lock();
+        let mut outcome = Retire::Busy;
+        let b = self.bucket_of(mailbox.hash());
+        // `Eq` is user code: a panic here must not kill the worker. If it
+        // does, the mailbox stays (idle) in the map.
+        let removed = catch_unwind(AssertUnwindSafe(|| {
+            let probe = Hashed {
+                hash: mailbox.hash(),
+                key: mailbox.key().clone(),
+            };
+            match gate.keys.get(&probe) {
+                Some(m) if Arc::ptr_eq(m, mailbox) => {
+                    if mailbox.is_idle() {
+                        gate.keys.remove(&probe);
+                        true
+                    } else {
+                        false
+                    }
+                }
+                // Not findable: taken by a force stop, or a key whose `Eq`
+                // is not reflexive (then no delivery can reach it).
+                _ => {
+                    if mailbox.close_if_idle() {
+                        outcome = Retire::Retired;
+                    }
+                    false
+                }
+            }
+        }));
+        if let Ok(true) = removed {
+            let closed = mailbox.close_if_idle();
+            debug_assert!(closed, "an idle mailbox in the map changed under the gate");
+            if closed {
+                outcome = Retire::Retired;
+            }
+            let n = self.routes.len();
+            let count = gate.bucket(b, n);
+            count.live -= 1;
+            if count.live == 0 {
+                let received = count.received;
+                // Un-place the bucket if every message sent to it arrived
+                // here (the CAS fails if a submitter sent meanwhile).
+                let placed = route_word(worker as u64, received);
+                if self.routes[b]
+                    .compare_exchange(placed, route_word(UNPLACED, 0), SeqCst, Relaxed)
+                    .is_ok()
+                {
+                    gate.bucket(b, n).received = 0;
+                }
+            }
+            // Give memory back once most keys went quiet.
+            let len = gate.keys.len();
+            if gate.keys.capacity() > 64 && len * 4 < gate.keys.capacity() {
+                gate.keys.shrink_to(len * 2);
+            }
+        }
+        drop(gate);
+        if matches!(outcome, Retire::Retired) && self.handles.load(Acquire) == 0 {
+            self.shared.deregister_if_idle(self.id);
+        }
+        outcome
     }
 
     /// Delivers a finished message's outcome and returns its credit.
@@ -466,15 +646,15 @@ where
         }
     }
 
-    /// (mailboxes with work, idle mailboxes kept for reuse, all entries).
+    /// (mailboxes with work, idle mailboxes kept for reuse, map entries).
     fn count_mailboxes(&self) -> (usize, usize, usize) {
         let (mut live, mut idle, mut all) = (0, 0, 0);
-        for shard in self.shards.iter() {
-            let map = shard.lock();
-            all += map.len();
-            for pin in map.values() {
-                if pin.none_in_flight() && pin.mailbox.is_at_rest() {
-                    idle += usize::from(!pin.mailbox.is_closed());
+        for port in self.ports.iter() {
+            let gate = port.gate.lock();
+            all += gate.keys.len();
+            for m in gate.keys.values() {
+                if m.is_at_rest() {
+                    idle += usize::from(!m.is_closed());
                 } else {
                     live += 1;
                 }
@@ -485,47 +665,31 @@ where
 
     /// Force stop, on the stopping thread (see the module docs).
     fn force_drain(&self) -> usize {
-        // 1. Every push that got past the CLOSED check is in an inbox once
-        //    we have held each shard lock.
-        for shard in self.shards.iter() {
-            drop(shard.lock());
-        }
-        // 2. Empty the inboxes; the gate waits for a worker mid-delivery.
         let mut n = 0;
         for port in self.ports.iter() {
-            // Own a reference to each delivery's mailbox before the gate is
-            // released: once it is, a concurrent force stop (another thread,
-            // or a handler calling `shutdown_now`) may pass this gate, reach
-            // step 3 and drop the pins, and the mailbox's worker may then
-            // retire and free it while we still reject into it.
-            let deliveries: Vec<OwnedDelivery<K, M, H, S>> = {
+            // Take everything out under the gate (which waits for a worker
+            // in the middle of a delivery); reject it after, outside.
+            let stopped: Vec<Stopped<K, M, H, S>> = {
                 let mut gate = port.gate.lock();
                 gate.closed = true;
-                let gate = &*gate;
-                std::iter::from_fn(|| gate.buf.pop().or_else(|| port.inbox.pop()))
-                    .map(|d| {
-                        // SAFETY: the pin holds the mailbox while this
-                        // delivery is in flight, and no pin is dropped yet:
-                        // after the shard barrier nothing is pushed, so a
-                        // force stop that passed this gate before us popped
-                        // this delivery itself; one that passes after us
-                        // reaches step 3 only then.
-                        let mailbox = unsafe { arc_clone_raw(d.mailbox.as_ptr().cast_const()) };
-                        (mailbox, d.env)
-                    })
-                    .collect()
+                port.closed.store(true, SeqCst);
+                // After `closed`: a push this drain does not see sees it.
+                fence(SeqCst);
+                // SAFETY: we hold the gate: the only consumer.
+                let mut out: Vec<_> = std::iter::from_fn(|| unsafe { port.inbox.pop() })
+                    .map(Stopped::Delivery)
+                    .collect();
+                out.extend(gate.keys.drain().map(|(_, m)| Stopped::Mailbox(m)));
+                out
             };
-            for (mailbox, env) in deliveries {
-                self.reject(mailbox.key(), env);
-                n += 1;
-            }
-        }
-        // 3. Walk the pins: hand back queued messages, cancel suspended
-        //    futures.
-        for shard in self.shards.iter() {
-            let taken: Vec<Pin<K, M, H, S>> = shard.lock().drain().map(|(_, p)| p).collect();
-            for pin in taken {
-                n += pin.mailbox.force_stop();
+            for s in stopped {
+                match s {
+                    Stopped::Delivery(d) => {
+                        self.reject(&d.key, d.env);
+                        n += 1;
+                    }
+                    Stopped::Mailbox(m) => n += m.force_stop(),
+                }
             }
         }
         n
@@ -552,14 +716,13 @@ where
 
 /// What the executor needs from every dispatcher, whatever its types.
 pub(crate) trait StopTarget: Send + Sync + 'static {
-    /// Force stop: take every mailbox out of the map, reject its queue on
+    /// Force stop: take every mailbox out of its port, reject its queue on
     /// this thread and cancel its suspended future.
     fn force_drain(&self) -> usize;
-    /// No mailbox has work (idle ones waiting to be retired and closed
-    /// leftovers do not count).
-    fn is_drained(&self) -> bool;
     /// (mailboxes with work, idle mailboxes kept for reuse, map entries).
     fn count_mailboxes(&self) -> (usize, usize, usize);
+    /// Messages in worker `worker`'s inbox of this dispatcher.
+    fn inbox_len(&self, worker: usize) -> usize;
     fn id(&self) -> u64;
     fn clone_box(&self) -> Box<dyn StopTarget>;
 }
@@ -577,16 +740,12 @@ where
         self.0.force_drain()
     }
 
-    fn is_drained(&self) -> bool {
-        self.0.shards.iter().all(|s| {
-            s.lock()
-                .values()
-                .all(|p| p.none_in_flight() && p.mailbox.is_at_rest())
-        })
-    }
-
     fn count_mailboxes(&self) -> (usize, usize, usize) {
         self.0.count_mailboxes()
+    }
+
+    fn inbox_len(&self, worker: usize) -> usize {
+        self.0.ports[worker].inbox.len()
     }
 
     fn id(&self) -> u64 {
@@ -634,6 +793,10 @@ where
 
     fn live_mailboxes(&self) -> usize {
         self.0.count_mailboxes().0
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.0.shared
     }
 
     fn clone_box(&self) -> Box<dyn Core<K, M, H::Output>> {
@@ -814,28 +977,24 @@ where
     /// Creates the dispatcher on the executor's workers.
     pub fn build(self) -> Dispatcher<K, M, H::Output> {
         let shared = self.executor.shared().clone();
-        #[cfg(not(loom))]
-        let shards = (shared.workers.len() * 8).next_power_of_two().clamp(8, 256);
-        // Under loom each shard is a mutex that every drained check and
-        // force stop locks in turn: two keep the models small and still
-        // let two keys land in different shards.
-        #[cfg(loom)]
-        let shards = 2;
         let id = shared.next_dispatcher_id();
+        let buckets = bucket_count(shared.workers.len());
         let inner = Arc::new(DispatcherInner {
             shared: shared.clone(),
             handler: self.handler,
-            shards: (0..shards)
-                .map(|_| CachePadded::new(Mutex::new(HashMap::with_hasher(self.hasher.clone()))))
+            routes: (0..buckets)
+                .map(|_| AtomicU64::new(route_word(UNPLACED, 0)))
                 .collect(),
             ports: (0..shared.workers.len())
                 .map(|_| {
                     CachePadded::new(Port {
                         state: AtomicUsize::new(PORT_IDLE),
-                        inbox: Queue::new(),
-                        gate: Mutex::new(Gate {
+                        closed: AtomicBool::new(false),
+                        inbox: Inbox::new(),
+                        gate: SpinLock::new(Gate {
                             closed: false,
-                            buf: LocalFifo::new(),
+                            keys: HashMap::default(),
+                            buckets: Box::new([]),
                         }),
                     })
                 })

@@ -48,6 +48,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::error::ConfigError;
 use crate::pool::config::{Builder, Config};
+use crate::pool::credit::CreditRef;
 use crate::pool::dispatcher::{Dispatcher, DispatcherBuilder, StopTarget};
 use crate::pool::handler::Handler;
 use crate::pool::spawn::Spawned;
@@ -86,6 +87,8 @@ pub(crate) struct Shared {
     /// `KeyedExecutor` handles; the last one dropped force-stops the pool.
     owners: AtomicUsize,
     pub(crate) rejected: AtomicU64,
+    /// Every receiver's credit that is alive (see `credit.rs`).
+    sources: Mutex<Vec<CreditRef>>,
     /// Futures spawned through `futures_task::Spawn` (see `spawn.rs`).
     pub(crate) spawned: Spawned,
 }
@@ -119,13 +122,24 @@ impl Shared {
         state & CLOSED != 0 && self.is_drained()
     }
 
-    /// No dispatcher has a live mailbox and no spawned future is alive.
+    /// No receiver has a credit unit out (every accepted message finished:
+    /// each holds a unit until then) and no spawned future is alive.
     fn is_drained(&self) -> bool {
-        let mailboxes_drained = {
-            let reg = self.registry.lock();
-            reg.targets.iter().all(|t| t.is_drained())
-        };
-        mailboxes_drained && self.spawned.is_drained()
+        let sources_drained = self.sources.lock().iter().all(|s| s.get().in_flight() == 0);
+        sources_drained && self.spawned.is_drained()
+    }
+
+    /// A receiver's credit is made: count it among the sources.
+    pub(crate) fn register_source(&self, source: CreditRef) {
+        self.sources.lock().push(source);
+    }
+
+    /// A receiver's credit is freed (its word is zero).
+    pub(crate) fn deregister_source(&self, source: CreditRef) {
+        let mut sources = self.sources.lock();
+        if let Some(i) = sources.iter().position(|s| *s == source) {
+            sources.swap_remove(i);
+        }
     }
 
     /// The worker for a new mailbox: a running one with nothing queued, else
@@ -139,10 +153,8 @@ impl Shared {
         if n == 1 {
             return 0;
         }
-        if let Some(me) = worker::current_worker(self.id()) {
-            if self.workers[me].has_nothing_queued() {
-                return me;
-            }
+        if let Some(me) = worker::current_worker_with_nothing_else(self.id()) {
+            return me;
         }
         let start = self.next_worker.fetch_add(1, Relaxed) % n;
         let mut parked = None;
@@ -189,9 +201,10 @@ impl Shared {
         }
     }
 
-    /// A mailbox was retired: during a graceful stop, workers re-check
-    /// whether everything drained.
-    pub(crate) fn on_mailbox_retired(&self) {
+    /// Something that a graceful stop waits for ended (a source's last
+    /// unit came back, a spawned future finished): workers re-check whether
+    /// everything drained.
+    pub(crate) fn wake_if_closed(&self) {
         if self.is_closed() {
             self.wake_all();
         }
@@ -318,10 +331,15 @@ impl Shared {
     }
 
     fn stats(&self) -> ExecutorStats {
+        let targets: Vec<Box<dyn StopTarget>> = {
+            let reg = self.registry.lock();
+            reg.targets.iter().map(|t| t.clone_box()).collect()
+        };
         let workers: Vec<WorkerStats> = self
             .workers
             .iter()
-            .map(|w| {
+            .enumerate()
+            .map(|(i, w)| {
                 let c = &w.counters;
                 WorkerStats {
                     state: match w.state.load(Relaxed) {
@@ -331,6 +349,7 @@ impl Shared {
                         _ => WorkerState::Exited,
                     },
                     queued_tasks: w.queued(),
+                    inbox: targets.iter().map(|t| t.inbox_len(i)).sum(),
                     done: c.done.load(Relaxed),
                     panicked: c.panicked.load(Relaxed),
                     cancelled: c.cancelled.load(Relaxed),
@@ -340,16 +359,10 @@ impl Shared {
                 }
             })
             .collect();
-        let (live_mailboxes, idle_mailboxes) = {
-            let targets: Vec<Box<dyn StopTarget>> = {
-                let reg = self.registry.lock();
-                reg.targets.iter().map(|t| t.clone_box()).collect()
-            };
-            targets.iter().fold((0, 0), |(l, i), t| {
-                let (live, idle, _) = t.count_mailboxes();
-                (l + live, i + idle)
-            })
-        };
+        let (live_mailboxes, idle_mailboxes) = targets.iter().fold((0, 0), |(l, i), t| {
+            let (live, idle, _) = t.count_mailboxes();
+            (l + live, i + idle)
+        });
         ExecutorStats {
             spawned: self.spawned.stats(),
             done: workers.iter().map(|w| w.done).sum(),
@@ -451,6 +464,7 @@ impl KeyedExecutor {
             lifecycle_cv: Condvar::new(),
             owners: AtomicUsize::new(1),
             rejected: AtomicU64::new(0),
+            sources: Mutex::new(Vec::new()),
             spawned: Spawned::new(),
         });
         let executor = KeyedExecutor {

@@ -84,7 +84,7 @@ use std::future::Future;
 use std::hash::Hash;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::task::{Context, Poll};
 
 use crate::completion::{Outcome, Slot};
@@ -95,8 +95,8 @@ use crate::pool::handler::Handler;
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};
 use crate::pool::worker::WorkerCx;
-use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
-use crate::sync::{Arc, SpinLock, UnsafeCell};
+use crate::sync::atomic::{AtomicUsize, Ordering::*};
+use crate::sync::{arc_clone_raw, overwrite, Arc, SpinLock, UnsafeCell};
 use crate::trace;
 
 const SCHEDULED: usize = 1;
@@ -148,6 +148,19 @@ enum AfterPending {
     Requeued,
 }
 
+/// What a port turn does with a delivery (see [`Mailbox::offer`]).
+#[must_use]
+pub(crate) enum Offer<K, M, H: Handler<K, M>, S> {
+    /// The mailbox was idle with budget left in its turn: it is now
+    /// `RUNNING`, and the caller runs the message with
+    /// [`Mailbox::run_inline`] (after releasing the port's gate), handing
+    /// over the reference taken for it.
+    Inline(Arc<Mailbox<K, M, H, S>>, Envelope<M, H::Output>),
+    /// Delivered into the mailbox's queue. `Some` if this revived the idle
+    /// mailbox (its turn was spent): the caller queues the task at the back.
+    Queued(Option<Task>),
+}
+
 /// A mailbox's bookkeeping between turns. Only its worker thread touches
 /// it; 8 bytes, in what used to be the padding after a flag.
 #[derive(Default, Clone, Copy)]
@@ -168,9 +181,6 @@ struct Turn {
 pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
     queue: SpinLock<VecDeque<Envelope<M, H::Output>>>,
-    /// Messages delivered into `queue` so far (by the worker's port; read by
-    /// retire and drain checks against the pin's `sent`).
-    received: AtomicU64,
     /// The reference an idle mailbox keeps to itself for its next turn, so
     /// reviving it costs no reference-count traffic. Only its worker thread
     /// touches it; dropped when the mailbox is retired or closed.
@@ -213,15 +223,6 @@ where
 {
 }
 
-// Plain reads, without the bounds the runner needs.
-impl<K, M, H: Handler<K, M>, S> Mailbox<K, M, H, S> {
-    /// Messages delivered so far.
-    #[inline]
-    pub(crate) fn received(&self) -> u64 {
-        self.received.load(Acquire)
-    }
-}
-
 impl<K, M, H, S> Mailbox<K, M, H, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -243,7 +244,6 @@ where
             hash,
             key,
             queue: SpinLock::new(VecDeque::new()),
-            received: AtomicU64::new(0),
             parked: UnsafeCell::new(None),
             future: UnsafeCell::new(None),
             meta: UnsafeCell::new(None),
@@ -254,6 +254,11 @@ where
 
     pub(crate) fn key(&self) -> &K {
         &self.key
+    }
+
+    /// The key's hash (its submitter's).
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
     }
 
     /// Whether the mailbox reached its terminal state.
@@ -287,35 +292,104 @@ where
                 .compare_exchange(IDLE, SCHEDULED, AcqRel, Relaxed)
                 .is_ok();
         drop(q);
-        // Counted after the revive, so a drain check that sees the count also
-        // sees the mailbox busy.
-        self.received
-            .store(self.received.load(Relaxed) + 1, Release);
         revive
     }
 
-    /// A delivery on `cx`'s worker revived this idle mailbox. If the task
-    /// doing it is the one that followed the mailbox's last turn, that turn
-    /// only ran dry because the key's next messages had not been taken in
-    /// from the inbox yet: the next turn continues it, with what is left of
-    /// `throughput` (so a cold key delivered with them still runs after one
-    /// turn of this key, not one and a bit). Otherwise it starts afresh.
+    /// A delivery of this mailbox's port, in the port's turn on its worker.
+    ///
+    /// An idle mailbox whose turn has budget left takes the message at once
+    /// (`IDLE` → `RUNNING`; the caller runs it with [`run_inline`]): its
+    /// message is the next in line, so the handler runs without a trip
+    /// through the queue and the worker's run queue. The turn is the one
+    /// the mailbox ran last if that was in this very task, or in the task
+    /// just before it (its turn only ran dry because its next messages were
+    /// still in the inbox); otherwise a fresh one. Its budget spent, or a
+    /// mailbox that is queued, running or suspended, the message goes into
+    /// the queue; a revived one goes to the back of the worker's queue, as
+    /// a mailbox that used up its turn does.
+    ///
+    /// Plain stores suffice for `IDLE` → `RUNNING`: the port's gate is held
+    /// and not closed, so no force stop is past its inbox step for this
+    /// dispatcher (none claims mailboxes), retirement is this thread's, and
+    /// a stale waker only sets `NOTIFIED` on `RUNNING`.
+    ///
+    /// [`run_inline`]: Self::run_inline
     ///
     /// # Safety
-    /// Only on the mailbox's worker thread.
-    ///
-    /// `at_front`: the mailbox is queued where the reviving task was (a port
-    /// turn). A mailbox queued at the back (a handler's direct delivery)
-    /// has waited behind everything else: a fresh turn.
+    /// On the mailbox's worker thread, in its port's turn, with the port's
+    /// gate held and not closed; `ptr` is the mailbox's `Arc` pointer, kept
+    /// alive by its pin (this delivery is counted in `sent`).
     #[inline]
-    pub(crate) unsafe fn revived(&self, cx: &WorkerCx<'_>, at_front: bool) {
-        // SAFETY: only the worker thread touches `turn` (caller's
-        // contract, and `run` is on that thread too).
-        self.turn.with_mut(|t| unsafe {
-            if !at_front || (*t).idle_tick.wrapping_add(1) != cx.tick() as u16 {
-                (*t).spent = 0;
+    pub(crate) unsafe fn offer(
+        ptr: NonNull<Self>,
+        env: Envelope<M, H::Output>,
+        cx: &WorkerCx<'_>,
+    ) -> Offer<K, M, H, S> {
+        // SAFETY: the pin keeps the mailbox alive (caller's contract).
+        let this = unsafe { ptr.as_ref() };
+        if this.state.load(Relaxed) == IDLE && !this.dispatcher.shared.is_forced() {
+            let throughput = this.dispatcher.shared.config.throughput;
+            let tick = cx.tick() as u16;
+            // SAFETY: only the worker thread touches `turn`.
+            let spent = this.turn.with_mut(|t| unsafe {
+                let continues = (*t).idle_tick == tick || (*t).idle_tick.wrapping_add(1) == tick;
+                if !continues {
+                    (*t).spent = 0;
+                }
+                (*t).spent as usize
+            });
+            if spent < throughput {
+                overwrite(&this.state, RUNNING);
+                // Our own reference, taken under the gate: once it is
+                // released a force stop may take the mailbox out of the map.
+                // SAFETY: we are the mailbox's worker thread.
+                let own = unsafe { this.take_parked() }.unwrap_or_else(|| {
+                    // A new mailbox has no parked reference: take one.
+                    // SAFETY: `ptr` is an `Arc`'s, kept alive by the map.
+                    unsafe { arc_clone_raw(ptr.as_ptr().cast_const()) }
+                });
+                return Offer::Inline(own, env);
             }
+        }
+        if !this.deliver(env) {
+            return Offer::Queued(None);
+        }
+        // Revived with its turn spent: a fresh turn, at the back.
+        // SAFETY: only the worker thread touches `turn`.
+        this.turn.with_mut(|t| unsafe { (*t).spent = 0 });
+        // SAFETY: we are the mailbox's worker thread.
+        let arc = unsafe { this.take_parked() }.unwrap_or_else(|| {
+            // A new mailbox has no parked reference: take one.
+            // SAFETY: `ptr` is an `Arc`'s, kept alive by the map.
+            unsafe { arc_clone_raw(ptr.as_ptr().cast_const()) }
         });
+        Offer::Queued(Some(Task::new(arc)))
+    }
+
+    /// Runs the message [`offer`](Self::offer) took inline, then goes on
+    /// with the mailbox's turn (its queue is empty unless something was
+    /// delivered meanwhile) and goes idle as a turn does. On the mailbox's
+    /// worker thread, with the reference `offer` handed out.
+    pub(crate) fn run_inline(own: Arc<Self>, env: Envelope<M, H::Output>, cx: &WorkerCx<'_>) {
+        let throughput = own.dispatcher.shared.config.throughput;
+        // SAFETY: only the worker thread touches `turn`.
+        let spent = own.turn.with_mut(|t| unsafe { (*t).spent }) as usize;
+        // SAFETY: we own the turn (`RUNNING`, set by `offer`) and no future
+        // is stored (the mailbox was idle).
+        match unsafe { Self::start(&own, env, cx) } {
+            Step::Done if !own.dispatcher.shared.is_forced() => {
+                // Nothing can have reached the queue meanwhile: deliveries
+                // come through the port (whose turn this is; a handler's
+                // direct delivery needs it idle) and a thief never takes a
+                // running mailbox. So go idle without taking the queue's
+                // lock. A force stop that found us running left us alone (it
+                // took our empty queue); one that comes later finds us idle.
+                overwrite(&own.state, IDLE);
+                Self::went_idle(own, cx, spent + 1);
+            }
+            Step::Done => Self::turn(own, cx, throughput - spent - 1),
+            Step::Pending => Self::after_pending(own, cx),
+        }
     }
 
     /// The reference the mailbox kept to itself when it went idle (none for
@@ -498,6 +572,69 @@ where
         }
     }
 
+    /// The mailbox went `IDLE` after `spent` messages in its turn: remember
+    /// the turn (see `offer`), and stay in the map for a while, so the
+    /// key's next message reuses this mailbox; the worker retires it later.
+    fn went_idle(this: Arc<Self>, cx: &WorkerCx<'_>, spent: usize) {
+        let spent = spent.min(u32::MAX as usize) as u32;
+        let idle_tick = cx.tick() as u16;
+        // SAFETY: we own the turn, on the mailbox's worker thread.
+        let was_listed = this.turn.with_mut(|t| unsafe {
+            let listed = (*t).listed;
+            *t = Turn {
+                listed: true,
+                idle_tick,
+                spent,
+            };
+            listed
+        });
+        let list = (!was_listed).then(|| Task::new(this.clone()));
+        // Keep our reference for the next turn (see `parked`), before
+        // listing: listing may retire idle mailboxes.
+        let cell: *const UnsafeCell<Option<Arc<Self>>> = &this.parked;
+        // SAFETY: we are the mailbox's worker thread, the only one touching
+        // `parked`; the cell lives inside the mailbox, which the reference
+        // we store keeps alive.
+        let stale = unsafe { (*cell).with_mut(|p| (*p).replace(this)) };
+        debug_assert!(stale.is_none());
+        if let Some(task) = list {
+            cx.went_idle(task);
+        }
+    }
+
+    /// The rest of a turn (`RUNNING`, no future stored): up to `budget`
+    /// more messages, then yield; or go idle when the queue runs dry.
+    fn turn(this: Arc<Self>, cx: &WorkerCx<'_>, mut budget: usize) {
+        let throughput = this.dispatcher.shared.config.throughput;
+        loop {
+            if budget == 0 {
+                // Fairness: go behind the other mailboxes of this worker.
+                this.state.swap(SCHEDULED, AcqRel);
+                cx.requeue_local(Task::new(this));
+                return;
+            }
+            match this.next() {
+                Next::Message(env) => {
+                    budget -= 1;
+                    // SAFETY: we own the turn and no future is stored.
+                    match unsafe { Self::start(&this, env, cx) } {
+                        Step::Done => {}
+                        Step::Pending => return Self::after_pending(this, cx),
+                    }
+                }
+                Next::Idle => {
+                    let spent = throughput - budget;
+                    return Self::went_idle(this, cx, spent);
+                }
+                Next::Forced => {
+                    // The stopping thread hands back the queue; we stop here.
+                    this.state.swap(CLOSED, AcqRel);
+                    return;
+                }
+            }
+        }
+    }
+
     fn has_current(&self) -> bool {
         // SAFETY: only called by the owner of the turn.
         self.meta.with(|m| unsafe { (*m).is_some() })
@@ -641,65 +778,13 @@ where
                 Step::Done => budget -= 1,
             }
         }
-        loop {
-            if budget == 0 {
-                // Fairness: go behind the other mailboxes of this worker.
-                this.state.swap(SCHEDULED, AcqRel);
-                cx.requeue_local(Task::new(this));
-                return;
-            }
-            match this.next() {
-                Next::Message(env) => {
-                    budget -= 1;
-                    // SAFETY: we own the turn and no future is stored.
-                    match unsafe { Self::start(&this, env, cx) } {
-                        Step::Done => {}
-                        Step::Pending => return Self::after_pending(this, cx),
-                    }
-                }
-                Next::Idle => {
-                    // Remember the turn (see `revived`), and stay in the map
-                    // for a while, so the key's next message reuses this
-                    // mailbox; the worker retires it later.
-                    let spent = (throughput - budget).min(u32::MAX as usize) as u32;
-                    let idle_tick = cx.tick() as u16;
-                    // SAFETY: we own the turn, on the mailbox's worker thread.
-                    let was_listed = this.turn.with_mut(|t| unsafe {
-                        let listed = (*t).listed;
-                        *t = Turn {
-                            listed: true,
-                            idle_tick,
-                            spent,
-                        };
-                        listed
-                    });
-                    let list = (!was_listed).then(|| Task::new(this.clone()));
-                    // Keep our reference for the next turn (see `parked`),
-                    // before listing: listing may retire idle mailboxes.
-                    let cell: *const UnsafeCell<Option<Arc<Self>>> = &this.parked;
-                    // SAFETY: we are the mailbox's worker thread, the only one
-                    // touching `parked`; the cell lives inside the mailbox,
-                    // which the reference we store keeps alive.
-                    let stale = unsafe { (*cell).with_mut(|p| (*p).replace(this)) };
-                    debug_assert!(stale.is_none());
-                    if let Some(task) = list {
-                        cx.went_idle(task);
-                    }
-                    return;
-                }
-                Next::Forced => {
-                    // The stopping thread hands back the queue; we stop here.
-                    this.state.swap(CLOSED, AcqRel);
-                    return;
-                }
-            }
-        }
+        Self::turn(this, cx, budget);
     }
 
     fn retire(this: Arc<Self>) {
         // SAFETY: `retire` runs on the mailbox's worker thread.
         this.turn.with_mut(|t| unsafe { (*t).listed = false });
-        let retired = matches!(this.dispatcher.retire(&this, this.hash), Retire::Retired);
+        let _ = this.dispatcher.retire(&this, this.worker);
         // Drop the reference it kept to itself whatever happened: closed
         // for good, it would never be freed; still busy (a delivery in
         // flight), it is no longer listed and a force stop could reject that
@@ -707,9 +792,6 @@ where
         // reference instead.
         // SAFETY: `retire` runs on the mailbox's worker thread.
         drop(unsafe { this.take_parked() });
-        if retired {
-            this.dispatcher.shared.on_mailbox_retired();
-        }
     }
 
     fn cancel(this: Arc<Self>) {

@@ -13,6 +13,7 @@
 //! - `credit.rs`: the per-receiver credit word and its waiters.
 //! - `mailbox.rs`: one key's queue, its running future and its state machine.
 //! - `worker.rs`: a worker's queues and its spin-then-park loop.
+//! - `inbox.rs`: a port's multi-producer inbox.
 //! - `task.rs`: the type-erased handle a worker's queue holds.
 //! - `waker.rs`: the crate's own waker over a mailbox (or spawned task).
 //! - `spawn.rs`: `futures_task::Spawn` for unkeyed futures.
@@ -23,6 +24,7 @@ pub(crate) mod credit;
 pub(crate) mod dispatcher;
 pub(crate) mod executor;
 pub mod handler;
+pub(crate) mod inbox;
 pub(crate) mod mailbox;
 pub(crate) mod receiver;
 pub(crate) mod spawn;

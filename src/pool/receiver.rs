@@ -11,6 +11,7 @@ use std::task::{Context, Poll, Waker};
 use crate::completion::{Completion, Slot};
 use crate::error::SubmitError;
 use crate::pool::credit::{Acquire, CreditHandle};
+use crate::pool::executor::Shared;
 use crate::pool::mailbox::Envelope;
 use crate::pool::worker;
 use crate::sync::{thread, Arc};
@@ -23,6 +24,7 @@ pub(crate) trait Core<K, M, O>: Send + Sync {
     fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<(), Envelope<M, O>>;
     fn is_closed(&self) -> bool;
     fn live_mailboxes(&self) -> usize;
+    fn shared(&self) -> &Arc<Shared>;
     fn clone_box(&self) -> Box<dyn Core<K, M, O>>;
 }
 
@@ -81,10 +83,8 @@ pub struct Receiver<K, M, O> {
 
 impl<K, M, O> Receiver<K, M, O> {
     pub(crate) fn new(core: Box<dyn Core<K, M, O>>, max_in_flight: usize) -> Self {
-        Receiver {
-            core,
-            credit: CreditHandle::new(max_in_flight),
-        }
+        let credit = CreditHandle::new(max_in_flight, Some(core.shared().clone()));
+        Receiver { core, credit }
     }
 
     /// The most unfinished messages this receiver holds.

@@ -241,7 +241,7 @@ impl SpawnTask {
         };
         spawned.deregister(self.id);
         // A graceful stop may be waiting for this task.
-        self.shared.on_mailbox_retired();
+        self.shared.wake_if_closed();
     }
 
     /// `RUNNING` → `IDLE`, or → `SCHEDULED` if woken during the poll.

@@ -20,8 +20,14 @@ pub struct WorkerStats {
     /// What it was doing.
     pub state: WorkerState,
     /// Tasks waiting in its queue: mailboxes with work to run, dispatcher
-    /// inboxes with messages to deliver, spawned futures to poll.
+    /// inboxes with messages to deliver, spawned futures to poll (a port's
+    /// turn under way counts as one).
     pub queued_tasks: usize,
+    /// Messages in its inboxes (one per dispatcher) not yet taken into
+    /// their keys' mailboxes: a key whose messages all wait here has no
+    /// mailbox yet, and is not counted in
+    /// [`ExecutorStats::live_mailboxes`].
+    pub inbox: usize,
     /// Messages it finished with an output.
     pub done: u64,
     /// Messages whose handler panicked.
@@ -42,8 +48,9 @@ pub struct WorkerStats {
 pub struct ExecutorStats {
     /// Per worker.
     pub workers: Vec<WorkerStats>,
-    /// Keys with work (a mailbox with messages queued, running or
-    /// suspended), over every dispatcher.
+    /// Keys with work in a mailbox (messages queued, running or suspended),
+    /// over every dispatcher. Messages still in a worker's inbox are
+    /// counted in [`WorkerStats::inbox`] instead.
     pub live_mailboxes: usize,
     /// Mailboxes that went idle and are kept a short while (until their
     /// worker has had nothing to do for a couple of milliseconds) so their

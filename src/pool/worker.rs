@@ -64,8 +64,9 @@ pub(crate) struct Counters {
 pub(crate) struct Worker {
     /// Tasks pushed from other threads (wakes, new ports, spawns).
     pub(crate) queue: Queue<Task>,
-    /// Length of the worker's local run queue (written by the worker only;
-    /// for placement and stats).
+    /// Length of the worker's local run queue, plus one during a port's
+    /// turn (the rest of its inbox is work queued on this worker too;
+    /// written by the worker only; for placement and stats).
     pub(crate) local_len: AtomicUsize,
     pub(crate) state: CachePadded<AtomicU8>,
     thread: Mutex<Option<thread::Thread>>,
@@ -86,11 +87,6 @@ impl Worker {
     /// Tasks waiting on this worker (remote and local).
     pub(crate) fn queued(&self) -> usize {
         self.queue.len() + self.local_len.load(Relaxed)
-    }
-
-    /// Whether the worker has nothing queued.
-    pub(crate) fn has_nothing_queued(&self) -> bool {
-        self.local_len.load(Relaxed) == 0 && self.queue.is_empty()
     }
 
     /// Wakes the worker if it is parked. Call after publishing the reason
@@ -151,6 +147,8 @@ pub(crate) struct WorkerCx<'a> {
     /// revived by the very task that followed its last turn continues that
     /// turn (see `Mailbox::revived`).
     ticks: Cell<u32>,
+    /// Inside a port's turn (see [`port_turn`](Self::port_turn)).
+    in_port: Cell<bool>,
 }
 
 impl WorkerCx<'_> {
@@ -159,21 +157,7 @@ impl WorkerCx<'_> {
     pub(crate) fn push_local(&self, task: Task) {
         let mut local = self.local.borrow_mut();
         local.push_back(task);
-        self.me().local_len.store(local.len(), Relaxed);
-    }
-
-    /// Queues a task on this worker at position `pos` of its local queue
-    /// (0 = next), or at the back if the queue is shorter. A port puts the
-    /// mailboxes it revives at the place it held itself, in delivery order:
-    /// their messages arrived after the port was queued, but before (or
-    /// while) the tasks behind it took their turns, so they should not wait
-    /// behind a mailbox that yields after `throughput` messages meanwhile.
-    #[inline]
-    pub(crate) fn push_at(&self, pos: usize, task: Task) {
-        let mut local = self.local.borrow_mut();
-        let pos = pos.min(local.len());
-        local.insert(pos, task);
-        self.me().local_len.store(local.len(), Relaxed);
+        self.publish_len(local.len());
     }
 
     /// Puts a task that already had a turn (a mailbox yielding after
@@ -192,7 +176,23 @@ impl WorkerCx<'_> {
             }
         }
         local.push_back(task);
-        me.local_len.store(local.len(), Relaxed);
+        self.publish_len(local.len());
+    }
+
+    #[inline]
+    fn publish_len(&self, len: usize) {
+        self.me()
+            .local_len
+            .store(len + usize::from(self.in_port.get()), Relaxed);
+    }
+
+    /// A port's turn begins (`true`) or ends on this worker: while it lasts
+    /// the worker counts as having work queued (see `Worker::local_len`).
+    #[inline]
+    pub(crate) fn port_turn(&self, on: bool) {
+        self.in_port.set(on);
+        let len = self.local.borrow().len();
+        self.publish_len(len);
     }
 
     fn me(&self) -> &Worker {
@@ -209,7 +209,7 @@ impl WorkerCx<'_> {
             local.push_back(t);
         }
         let task = local.pop_front();
-        me.local_len.store(local.len(), Relaxed);
+        self.publish_len(local.len());
         if task.is_some() {
             self.ticks.set(self.ticks.get().wrapping_add(1));
         }
@@ -318,15 +318,21 @@ mod current {
 use current::{CURRENT, CX};
 
 /// The index of the worker the current thread is, if it is one of the
-/// executor at `shared_id`'s workers.
-pub(crate) fn current_worker(shared_id: usize) -> Option<usize> {
+/// executor at `shared_id`'s workers and has nothing queued besides the
+/// task it is running (a port's turn counts as queued work for other
+/// threads, not for the handler running inside it).
+pub(crate) fn current_worker_with_nothing_else(shared_id: usize) -> Option<usize> {
     if CURRENT.with(|c| c.get()) != shared_id {
         return None;
     }
     CX.with(|cx| {
         let cx = cx.get().cast::<WorkerCx<'static>>();
+        if cx.is_null() {
+            return None;
+        }
         // SAFETY: as in `with_worker_cx`.
-        (!cx.is_null()).then(|| unsafe { (*cx).index })
+        let cx = unsafe { &*cx };
+        (cx.local.borrow().is_empty() && cx.me().queue.is_empty()).then_some(cx.index)
     })
 }
 
@@ -392,6 +398,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         idle: RefCell::new(VecDeque::new()),
         pending: Cell::new(None),
         ticks: Cell::new(0),
+        in_port: Cell::new(false),
     };
     CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
     // Allow a spin on the first idle period.
@@ -416,11 +423,17 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             cx.retire_idle(0);
             continue;
         }
-        let idle_since = (!spin.is_zero()).then(Instant::now);
-        if let Some(start) = idle_since {
-            if last_wait < spin && spin_for_work(&shared, me, spin, start, st) {
+        let idle_since = Instant::now();
+        if !spin.is_zero() && last_wait < spin {
+            if spin_for_work(&shared, me, spin, idle_since, st) {
                 me.counters.spin_hits.fetch_add(1, Relaxed);
-                last_wait = start.elapsed();
+                last_wait = idle_since.elapsed();
+                continue;
+            }
+        } else {
+            #[cfg(not(loom))]
+            if last_wait < SETTLE_WINDOW && settle(&shared, me, st) {
+                last_wait = idle_since.elapsed();
                 continue;
             }
         }
@@ -437,9 +450,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         }
         me.counters.parks.fetch_add(1, Relaxed);
         park(&cx, me);
-        if let Some(start) = idle_since {
-            last_wait = start.elapsed();
-        }
+        last_wait = idle_since.elapsed();
     }
     cx.flush_credit();
     // Retire the idle mailboxes kept for reuse (they hold their dispatcher).
@@ -492,6 +503,11 @@ fn park(cx: &WorkerCx<'_>, me: &Worker) {
 }
 
 /// Spins until work arrives (true), `spin` passes, or a stop begins.
+///
+/// Every 64 rounds it yields its core (`sched_yield`): on a machine with
+/// more runnable threads than cores, the thread it waits for (a producer,
+/// a device) may be the one that needs the core, and a spin that keeps it
+/// off only delays the work it waits for.
 fn spin_for_work(shared: &Shared, me: &Worker, spin: Duration, start: Instant, st: usize) -> bool {
     me.state.store(SPINNING, SeqCst);
     let mut found = false;
@@ -505,10 +521,44 @@ fn spin_for_work(shared: &Shared, me: &Worker, spin: Duration, start: Instant, s
             break;
         }
         i = i.wrapping_add(1);
-        if i % 64 == 0 && start.elapsed() >= spin {
+        if i % 64 == 0 {
+            if start.elapsed() >= spin {
+                break;
+            }
+            thread::yield_now();
+        } else {
+            spin_loop();
+        }
+    }
+    me.state.store(RUNNING, SeqCst);
+    found
+}
+
+/// Before parking, a worker whose last wait was shorter than this yields
+/// its core a few times, looking for work between yields
+/// ([`SETTLE_YIELDS`]); after a longer wait it parks at once.
+#[cfg(not(loom))]
+const SETTLE_WINDOW: Duration = Duration::from_micros(50);
+#[cfg(not(loom))]
+const SETTLE_YIELDS: u32 = 4;
+
+/// The settle before a park (see [`SETTLE_WINDOW`]): true if work arrived.
+/// A message that arrives while a worker yields costs its sender no
+/// wake-up; the yields give the core to whichever thread the worker waits
+/// for, and cost a few system calls when none is runnable.
+#[cfg(not(loom))]
+fn settle(shared: &Shared, me: &Worker, st: usize) -> bool {
+    me.state.store(SPINNING, SeqCst);
+    let mut found = false;
+    for _ in 0..SETTLE_YIELDS {
+        thread::yield_now();
+        if !me.queue.is_empty() {
+            found = true;
             break;
         }
-        spin_loop();
+        if shared.state() != st {
+            break;
+        }
     }
     me.state.store(RUNNING, SeqCst);
     found
