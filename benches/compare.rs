@@ -11,7 +11,8 @@
 //! Environment: `KEYED_BENCH_SCALE` (size factor), `KEYED_BENCH_RUNS`
 //! (table runs, default 3), `KEYED_BENCH_WORKERS` (default 2),
 //! `KEYED_BENCH_ONLY` (`w1,w4`), `KEYED_BENCH_DESIGNS` (`tokio,striped`),
-//! `KEYED_BENCH_CREDIT` (the crate's `max_in_flight` in W1–W3).
+//! `KEYED_BENCH_CREDIT` (the crate's `max_in_flight` in W1–W3; default
+//! 1,024 for the sync handlers, 4,096 for W3's async one).
 
 mod common;
 

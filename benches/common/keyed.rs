@@ -1,11 +1,10 @@
-//! `keyed-executor`: the crate under test, through its public API.
+//! `keyed-executor`: the crate under test, through its public API, written
+//! the way a user would write it: the builder, the dispatcher's **default
+//! hasher** (no `.hasher(..)` tuning), one receiver per source.
 
 use crate::common::design::{Cfg, Design, Family, Handler, SendTo};
 use crate::common::work::Msg;
-use keyed_executor::{handler, KeyedExecutor, Receiver};
-// Same hash as the tokio/smol peers' DashMaps (the crate's default is SipHash).
-use rustc_hash::FxBuildHasher;
-use std::any::Any;
+use keyed_executor::{handler, Dispatcher, KeyedExecutor, Receiver};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,12 +16,13 @@ impl Family for KeyedFamily {
     type D<H: Handler> = Keyed<H>;
 }
 
-/// The crate: one executor, one dispatcher, one receiver.
+/// The crate: one executor, one dispatcher, one receiver (plus one more
+/// receiver per extra source, see [`Design::source`]).
 pub struct Keyed<H> {
     executor: KeyedExecutor,
-    // Kept alive for the run; its type names the handler closure, so it is
-    // held as `dyn Any`.
-    _dispatcher: Box<dyn Any + Send>,
+    // Typed by key, message and output only (not by the handler closure), so
+    // it can hand out fresh receivers.
+    dispatcher: Dispatcher<u64, Msg, ()>,
     receiver: Receiver<u64, Msg, ()>,
     _handler: PhantomData<fn(H)>,
 }
@@ -52,28 +52,20 @@ impl<H: Handler> Design<H> for Keyed<H> {
             .build()
             .expect("keyed-executor config");
         let work = Arc::new(work);
-        let (dispatcher, receiver): (Box<dyn Any + Send>, _) = if H::ASYNC {
-            let d = executor
-                .dispatcher_builder(handler::from_async_fn(move |key: u64, msg: Msg| {
-                    work.call(key, msg)
-                }))
-                .hasher(FxBuildHasher)
-                .build();
-            let r = d.receiver(cfg.credit).expect("receiver");
-            (Box::new(d), r)
+        // The crate's default hasher, as a user who does not tune it gets.
+        let dispatcher: Dispatcher<u64, Msg, ()> = if H::ASYNC {
+            executor.dispatcher(handler::from_async_fn(move |key: u64, msg: Msg| {
+                work.call(key, msg)
+            }))
         } else {
-            let d = executor
-                .dispatcher_builder(handler::from_fn(move |key: &u64, msg: Msg| {
-                    work.call_blocking(*key, msg)
-                }))
-                .hasher(FxBuildHasher)
-                .build();
-            let r = d.receiver(cfg.credit).expect("receiver");
-            (Box::new(d), r)
+            executor.dispatcher(handler::from_fn(move |key: &u64, msg: Msg| {
+                work.call_blocking(*key, msg)
+            }))
         };
+        let receiver = dispatcher.receiver(cfg.credit).expect("receiver");
         Keyed {
             executor,
-            _dispatcher: dispatcher,
+            dispatcher,
             receiver,
             _handler: PhantomData,
         }
@@ -85,12 +77,16 @@ impl<H: Handler> Design<H> for Keyed<H> {
 
     fn finish(self) {
         let Keyed {
-            executor, receiver, ..
+            executor,
+            dispatcher,
+            receiver,
+            ..
         } = self;
         drop(receiver);
         assert!(
             executor.shutdown(Duration::from_secs(10)),
             "keyed-executor: shutdown did not drain in 10 s"
         );
+        drop(dispatcher);
     }
 }
