@@ -87,30 +87,32 @@ fn table_of(w: Workload, sizes: &Sizes, rows: &[Row], runs: usize) -> String {
         }
         out.push('\n');
     }
-    // The crate against each peer, on the first column: crate ÷ peer.
-    let m0 = metrics[0];
+    // The crate against each peer, on the columns marked `compare`:
+    // crate ÷ peer (a peer whose median is not positive has no ratio).
     let ok = |r: &&Row| r.error.is_none() && !r.samples.is_empty();
-    for c in rows.iter().filter(ok).filter(|r| r.spec.is_crate()) {
-        let cv = median(&c.metric(0));
-        let mut parts = Vec::new();
-        for p in rows.iter().filter(ok).filter(|r| !r.spec.is_crate()) {
-            let pv = median(&p.metric(0));
-            if pv != 0.0 {
-                parts.push(format!("{} {}×", p.spec.name(), num(cv / pv)));
+    for (i, mi) in metrics.iter().enumerate().filter(|(_, m)| m.compare) {
+        for c in rows.iter().filter(ok).filter(|r| r.spec.is_crate()) {
+            let cv = median(&c.metric(i));
+            let mut parts = Vec::new();
+            for p in rows.iter().filter(ok).filter(|r| !r.spec.is_crate()) {
+                let pv = median(&p.metric(i));
+                if pv > 0.0 {
+                    parts.push(format!("{} {}×", p.spec.name(), num(cv / pv)));
+                }
             }
+            let _ = writeln!(
+                out,
+                "\n{} ÷ peer, {} ({}): {}",
+                c.spec.name(),
+                mi.name,
+                if mi.higher_is_better {
+                    "above 1 = crate better"
+                } else {
+                    "below 1 = crate better"
+                },
+                parts.join(", ")
+            );
         }
-        let _ = writeln!(
-            out,
-            "\n{} ÷ peer, {} ({}): {}",
-            c.spec.name(),
-            m0.name,
-            if m0.higher_is_better {
-                "above 1 = crate better"
-            } else {
-                "below 1 = crate better"
-            },
-            parts.join(", ")
-        );
     }
     let _ = writeln!(out, "\n({runs} runs per design)\n");
     out
@@ -135,10 +137,11 @@ pub fn table(sizes: Sizes) -> i32 {
         .unwrap_or(3);
     let started = Instant::now();
     println!(
-        "## keyed-executor comparison: {} handler threads per design, {runs} runs each; {} ns of handler work = {} loop iterations\n",
+        "## keyed-executor comparison: {} handler threads per design, {runs} runs each; {} ns of handler work = {} loop iterations (measured {:.1} ns per call)\n",
         workers(),
         sizes.work_ns,
         super::work::iters_for(sizes.work_ns),
+        super::work::work_ns(sizes.work_ns),
     );
     println!("Load average at start: {}\n", loadavg());
     let mut failed = 0;

@@ -9,7 +9,7 @@ use super::peers::smol_actors::SmolFamily;
 use super::peers::stripe;
 use super::peers::striped::StripedFamily;
 use super::peers::tokio_actors::TokioFamily;
-use super::work::{iters_for, Checker, Gate, Msg, Schedule};
+use super::work::{iters_for, work_ns, Checker, Gate, Msg, Schedule};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -142,12 +142,24 @@ pub struct Metric {
     pub name: &'static str,
     /// Which way is better.
     pub higher_is_better: bool,
+    /// The table prints the crate's ratio to every peer on this column.
+    pub compare: bool,
 }
 
+/// A column.
 const fn m(name: &'static str, higher_is_better: bool) -> Metric {
     Metric {
         name,
         higher_is_better,
+        compare: false,
+    }
+}
+
+/// A column with a "crate ÷ peer" line under the table.
+const fn mc(name: &'static str, higher_is_better: bool) -> Metric {
+    Metric {
+        compare: true,
+        ..m(name, higher_is_better)
     }
 }
 
@@ -222,17 +234,25 @@ impl Workload {
 
     /// Its columns.
     pub fn metrics(self) -> &'static [Metric] {
-        const RATE: &[Metric] = &[m("M msg/s", true)];
-        const RTT: &[Metric] = &[m("µs per round trip", false)];
+        const RATE: &[Metric] = &[mc("M msg/s", true)];
+        // Process CPU over the timed part ÷ messages, raw and minus the
+        // handler's calibrated work (see `throughput`).
+        const RATE_CPU: &[Metric] = &[
+            mc("M msg/s", true),
+            m("CPU ns/msg", false),
+            mc("overhead ns/msg", false),
+        ];
+        const RTT: &[Metric] = &[mc("µs per round trip", false)];
         const MEM: &[Metric] = &[
-            m("B/key while queued", false),
+            mc("B/key while queued", false),
             m("B/key after completion", false),
             m("peak B/key", false),
         ];
-        const OVERLOAD: &[Metric] = &[m("peak KiB @2×", false), m("peak KiB @10×", false)];
-        const CPU: &[Metric] = &[m("CPU % of a core", false), m("CPU µs per msg", false)];
+        const OVERLOAD: &[Metric] = &[mc("peak KiB @2×", false), m("peak KiB @10×", false)];
+        const CPU: &[Metric] = &[mc("CPU % of a core", false), m("CPU µs per msg", false)];
         match self {
-            Workload::W1 | Workload::W2 | Workload::W3 => RATE,
+            Workload::W1 | Workload::W2 => RATE_CPU,
+            Workload::W3 => RATE,
             Workload::W4 => RTT,
             Workload::W5 => MEM,
             Workload::W6 => OVERLOAD,
@@ -428,6 +448,25 @@ fn start<F: Family, H: Handler>(cfg: &Cfg, h: H) -> F::D<H> {
     <F::D<H> as Design<H>>::start(cfg, h)
 }
 
+/// Waits until every key's last message has finished: the end of a timed
+/// part. On timeout the design is left behind (a stuck design might never
+/// stop) and the error says how many keys are missing.
+fn drained<H: Handler, D: Design<H>>(
+    d: D,
+    checker: &Checker,
+    timeout: Duration,
+) -> Result<D, String> {
+    if checker.wait(timeout) {
+        Ok(d)
+    } else {
+        std::mem::forget(d);
+        Err(format!(
+            "timed out after {timeout:?}: {} keys never finished their last message (lost or stuck)",
+            checker.remaining()
+        ))
+    }
+}
+
 /// Waits for the last messages, stops the design, recounts.
 fn settle<H: Handler, D: Design<H>>(
     d: D,
@@ -456,6 +495,25 @@ fn send_all<S: SendTo>(s: &S, sched: &Schedule) {
     }
 }
 
+/// The process's CPU time (every thread: producer, workers, runtime threads).
+fn process_cpu() -> Duration {
+    cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// The columns of [`Workload::metrics`]'s `RATE_CPU`: M msg/s, CPU ns per
+/// message, and that minus the handler's own work (`work_ns`, measured by
+/// the calibration): what the design costs per message, the producer's
+/// send path and the harness's sequence checks included (the same checks
+/// for every design; `inline`'s overhead is the harness's floor).
+fn rate_cpu(msgs: usize, elapsed: Duration, cpu: Duration, work_ns: f64) -> Vec<f64> {
+    let cpu_ns = cpu.as_nanos() as f64 / msgs as f64;
+    vec![
+        msgs as f64 / elapsed.as_secs_f64() / 1e6,
+        cpu_ns,
+        cpu_ns - work_ns,
+    ]
+}
+
 fn throughput<F: Family>(cfg: &Cfg, s: &Sizes, sched: &Schedule) -> Result<Outcome, String> {
     let checker = Arc::new(sched.checker());
     let handler = CpuHandler {
@@ -463,16 +521,22 @@ fn throughput<F: Family>(cfg: &Cfg, s: &Sizes, sched: &Schedule) -> Result<Outco
         iters: iters_for(s.work_ns),
         gate: None,
     };
+    let work_ns = work_ns(s.work_ns);
     let d = start::<F, _>(cfg, handler);
     let sender = d.sender();
+    // The timed part, for the clock and the CPU alike: from the first send
+    // to the last message done (schedule, design start and stop excluded).
+    let cpu0 = process_cpu();
     let t = Instant::now();
     send_all(&sender, sched);
-    let sent = t.elapsed();
     drop(sender);
-    let elapsed = sent + settle(d, &checker, sched.msgs.len(), s.timeout)?;
+    let d = drained(d, &checker, s.timeout)?;
+    let elapsed = t.elapsed();
+    let cpu = process_cpu() - cpu0;
+    settle(d, &checker, sched.msgs.len(), s.timeout)?;
     Ok(Outcome {
         elapsed,
-        values: vec![sched.msgs.len() as f64 / elapsed.as_secs_f64() / 1e6],
+        values: rate_cpu(sched.msgs.len(), elapsed, cpu, work_ns),
     })
 }
 
