@@ -52,6 +52,13 @@ pub trait Design<H: Handler>: Sized {
     fn start(cfg: &Cfg, handler: H) -> Self;
     /// A sending handle.
     fn sender(&self) -> Self::Sender;
+    /// A sending handle for one more independent source (W7: one per
+    /// producer thread). The default is a clone of [`sender`](Self::sender),
+    /// which is what the peers offer; keyed-executor gives each source its
+    /// own receiver, with its own credit.
+    fn source(&self) -> Self::Sender {
+        self.sender()
+    }
     /// Stops the threads once the harness saw every message finish.
     fn finish(self);
 }

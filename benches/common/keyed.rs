@@ -24,6 +24,8 @@ pub struct Keyed<H> {
     // it can hand out fresh receivers.
     dispatcher: Dispatcher<u64, Msg, ()>,
     receiver: Receiver<u64, Msg, ()>,
+    /// `max_in_flight` of each receiver.
+    credit: usize,
     _handler: PhantomData<fn(H)>,
 }
 
@@ -67,12 +69,19 @@ impl<H: Handler> Design<H> for Keyed<H> {
             executor,
             dispatcher,
             receiver,
+            credit: cfg.credit,
             _handler: PhantomData,
         }
     }
 
     fn sender(&self) -> KeyedSender {
         KeyedSender(self.receiver.clone())
+    }
+
+    /// A fresh receiver of the same dispatcher: a source with its own credit,
+    /// as a partitioned consumer gives each partition.
+    fn source(&self) -> KeyedSender {
+        KeyedSender(self.dispatcher.receiver(self.credit).expect("receiver"))
     }
 
     fn finish(self) {

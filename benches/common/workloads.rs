@@ -10,7 +10,7 @@ use super::peers::stripe;
 use super::peers::striped::StripedFamily;
 use super::peers::tokio_actors::TokioFamily;
 use super::work::{iters_for, work_ns, Checker, Gate, Msg, Schedule};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -116,7 +116,7 @@ impl Sizes {
     }
 }
 
-/// A workload of the issue (W7 is not part of it).
+/// A workload: the issue's W1–W6 and W8, and the later W1b, W7 and W9.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Workload {
     /// Uniform keys, CPU handler.
@@ -131,6 +131,10 @@ pub enum Workload {
     W5,
     /// Producer 10× faster than the handlers: peak memory.
     W6,
+    /// Two producer threads, each with its own source and its own keys.
+    W7,
+    /// As W7 with four producers.
+    W7b,
     /// One message per ms: CPU used.
     W8,
 }
@@ -165,13 +169,15 @@ const fn mc(name: &'static str, higher_is_better: bool) -> Metric {
 
 impl Workload {
     /// Every workload, in table order.
-    pub const ALL: [Workload; 7] = [
+    pub const ALL: [Workload; 9] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
         Workload::W4,
         Workload::W5,
         Workload::W6,
+        Workload::W7,
+        Workload::W7b,
         Workload::W8,
     ];
 
@@ -184,6 +190,8 @@ impl Workload {
             Workload::W4 => "w4",
             Workload::W5 => "w5",
             Workload::W6 => "w6",
+            Workload::W7 => "w7",
+            Workload::W7b => "w7b",
             Workload::W8 => "w8",
         }
     }
@@ -197,6 +205,8 @@ impl Workload {
             Workload::W4 => "w4_ping_pong",
             Workload::W5 => "w5_memory",
             Workload::W6 => "w6_overload",
+            Workload::W7 => "w7_two_producers",
+            Workload::W7b => "w7b_four_producers",
             Workload::W8 => "w8_idle",
         }
     }
@@ -225,6 +235,13 @@ impl Workload {
                 "W6 overload: {} keys, {} msgs, {} ns handler, producer paced at 2× and 10× the handlers' total rate",
                 s.overload_keys, s.overload_msgs, s.overload_work_ns
             ),
+            Workload::W7 | Workload::W7b => format!(
+                "W7 {} producers: {} keys split into disjoint sets, {} msgs in total, each producer round-robin over its own keys with its own source, {} ns handler",
+                self.producers(),
+                s.keys,
+                s.msgs,
+                s.work_ns
+            ),
             Workload::W8 => format!(
                 "W8 idle: one message every {:?}, {} msgs; CPU of the design's threads (the producer's own excluded)",
                 s.idle_interval, s.idle_msgs
@@ -251,7 +268,7 @@ impl Workload {
         const OVERLOAD: &[Metric] = &[mc("peak KiB @2×", false), m("peak KiB @10×", false)];
         const CPU: &[Metric] = &[mc("CPU % of a core", false), m("CPU µs per msg", false)];
         match self {
-            Workload::W1 | Workload::W2 => RATE_CPU,
+            Workload::W1 | Workload::W2 | Workload::W7 | Workload::W7b => RATE_CPU,
             Workload::W3 => RATE,
             Workload::W4 => RTT,
             Workload::W5 => MEM,
@@ -260,10 +277,18 @@ impl Workload {
         }
     }
 
+    /// W7's producer threads.
+    pub fn producers(self) -> usize {
+        match self {
+            Workload::W7b => 4,
+            _ => 2,
+        }
+    }
+
     /// Elements per run, for criterion's throughput (messages or round trips).
     pub fn elements(self, s: &Sizes, blocking: bool) -> u64 {
         (match self {
-            Workload::W1 | Workload::W2 => s.msgs,
+            Workload::W1 | Workload::W2 | Workload::W7 | Workload::W7b => s.msgs,
             Workload::W3 if blocking => s.io_msgs_blocking,
             Workload::W3 => s.io_msgs,
             Workload::W4 => s.rounds,
@@ -293,7 +318,8 @@ impl Workload {
                 .filter(|&c| c > 0)
         };
         match self {
-            Workload::W1 | Workload::W2 => env().unwrap_or(1024),
+            // W7: per source (each producer has its own receiver).
+            Workload::W1 | Workload::W2 | Workload::W7 | Workload::W7b => env().unwrap_or(1024),
             Workload::W3 => env().unwrap_or(4096),
             Workload::W4 => 16,
             // Every key's message stays queued while memory is read.
@@ -379,7 +405,13 @@ pub fn designs(w: Workload) -> Vec<Spec> {
         // throughput-minded user would pick (it costs nothing at idle: W8).
         if matches!(
             w,
-            Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4 | Workload::W8
+            Workload::W1
+                | Workload::W2
+                | Workload::W3
+                | Workload::W4
+                | Workload::W7
+                | Workload::W7b
+                | Workload::W8
         ) {
             all.push(Spec {
                 kind: Kind::Keyed,
@@ -440,6 +472,7 @@ fn run_on<F: Family>(w: Workload, cfg: &Cfg, s: &Sizes) -> Result<Outcome, Strin
         Workload::W4 => ping_pong::<F>(cfg, s),
         Workload::W5 => memory::<F>(cfg, s),
         Workload::W6 => overload::<F>(cfg, s),
+        Workload::W7 | Workload::W7b => multi_producer::<F>(cfg, s, w.producers()),
         Workload::W8 => idle::<F>(cfg, s),
     }
 }
@@ -533,6 +566,67 @@ fn throughput<F: Family>(cfg: &Cfg, s: &Sizes, sched: &Schedule) -> Result<Outco
     let d = drained(d, &checker, s.timeout)?;
     let elapsed = t.elapsed();
     let cpu = process_cpu() - cpu0;
+    settle(d, &checker, sched.msgs.len(), s.timeout)?;
+    Ok(Outcome {
+        elapsed,
+        values: rate_cpu(sched.msgs.len(), elapsed, cpu, work_ns),
+    })
+}
+
+/// W7: `producers` threads, producer `p` sending round-robin to the keys
+/// `k` with `k % producers == p` (its share of W1's schedule, in W1's
+/// order), each through its own [`Design::source`]. Timed from the moment
+/// every producer is released to the last message done.
+fn multi_producer<F: Family>(cfg: &Cfg, s: &Sizes, producers: usize) -> Result<Outcome, String> {
+    let sched = Schedule::round_robin(s.msgs, s.keys);
+    let mut parts: Vec<Vec<(u64, Msg)>> = vec![Vec::new(); producers];
+    for &(k, m) in &sched.msgs {
+        parts[k as usize % producers].push((k, m));
+    }
+    let checker = Arc::new(sched.checker());
+    let handler = CpuHandler {
+        checker: checker.clone(),
+        iters: iters_for(s.work_ns),
+        gate: None,
+    };
+    let work_ns = work_ns(s.work_ns);
+    let d = start::<F, _>(cfg, handler);
+    // Two barriers: every producer is started and parked in the second one
+    // when the clocks are read, and none has sent yet.
+    let ready = Arc::new(Barrier::new(producers + 1));
+    let go = Arc::new(Barrier::new(producers + 1));
+    let threads: Vec<thread::JoinHandle<Vec<(u64, Msg)>>> = parts
+        .into_iter()
+        .enumerate()
+        .map(|(p, part)| {
+            let source = d.source();
+            let (ready, go) = (ready.clone(), go.clone());
+            thread::Builder::new()
+                .name(format!("producer-{p}"))
+                .spawn(move || {
+                    ready.wait();
+                    go.wait();
+                    for &(k, m) in &part {
+                        source.send(k, m);
+                    }
+                    drop(source);
+                    // Freed by the main thread, after the timed part.
+                    part
+                })
+                .expect("spawn a producer")
+        })
+        .collect();
+    ready.wait();
+    let cpu0 = process_cpu();
+    let t = Instant::now();
+    go.wait();
+    // On timeout the producers may be stuck in a send: leave them behind.
+    let d = drained(d, &checker, s.timeout)?;
+    let elapsed = t.elapsed();
+    let cpu = process_cpu() - cpu0;
+    for t in threads {
+        drop(t.join().map_err(|_| "a producer panicked".to_string())?);
+    }
     settle(d, &checker, sched.msgs.len(), s.timeout)?;
     Ok(Outcome {
         elapsed,
