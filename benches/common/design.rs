@@ -31,6 +31,14 @@ pub trait Handler: Send + Sync + 'static {
 pub trait SendTo: Clone + Send + Sync + 'static {
     /// Sends; panics if the design is stopped (a harness bug).
     fn send(&self, key: u64, msg: Msg);
+    /// Sends one poll of a batched source (W1b), in order, in the design's
+    /// natural batched form. The default is one [`send`](Self::send) per
+    /// message (the actor peers' natural form: a channel per key).
+    fn send_batch(&self, batch: Vec<(u64, Msg)>) {
+        for (k, m) in batch {
+            self.send(k, m);
+        }
+    }
 }
 
 /// Settings shared by every design of a run.

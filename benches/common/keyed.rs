@@ -41,6 +41,22 @@ impl SendTo for KeyedSender {
             panic!("keyed-executor: message refused (executor closed)");
         }
     }
+
+    fn send_batch(&self, batch: Vec<(u64, Msg)>) {
+        send_poll(&self.0, batch);
+    }
+}
+
+/// W1b: hands one poll of a batched source (a Kafka / Redis consumer's
+/// `poll()`) to the crate in one call: fire-and-forget, blocking for
+/// credit, the whole batch in order.
+pub fn send_poll(receiver: &Receiver<u64, Msg, ()>, poll: Vec<(u64, Msg)>) {
+    // switch to receiver.send_batch(poll) once the crate has it
+    for (k, m) in poll {
+        if receiver.send(k, m).is_err() {
+            panic!("keyed-executor: message refused (executor closed)");
+        }
+    }
 }
 
 impl<H: Handler> Design<H> for Keyed<H> {

@@ -2,7 +2,7 @@
 //! runs, a markdown table of median and min–max) and `--smoke` (tiny sizes,
 //! one run each, sequence checks only, never timing).
 
-use super::workloads::{designs, run, workers, Sizes, Spec, Workload};
+use super::workloads::{designs, machine_limit, run, workers, Sizes, Spec, Workload};
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -113,6 +113,23 @@ fn table_of(w: Workload, sizes: &Sizes, rows: &[Row], runs: usize) -> String {
                 parts.join(", ")
             );
         }
+    }
+    if w == Workload::W1b {
+        let (cores, ns, limit) = machine_limit(sizes);
+        let shares: Vec<String> = rows
+            .iter()
+            .filter(ok)
+            .map(|r| {
+                let share = median(&r.metric(0)) / limit * 100.0;
+                format!("{} {share:.0} %", r.spec.name())
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nMachine limit: {cores} cores ÷ {ns:.1} ns of handler work per message = {} M msg/s; share of it (median): {}",
+            num(limit),
+            shares.join(", ")
+        );
     }
     let _ = writeln!(out, "\n({runs} runs per design)\n");
     out

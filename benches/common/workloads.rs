@@ -21,8 +21,10 @@ pub struct Sizes {
     pub keys: usize,
     /// W1, W2: messages.
     pub msgs: usize,
-    /// Handler CPU work in W1, W2 (ns).
+    /// Handler CPU work in W1, W2, W1b, W7 (ns).
     pub work_ns: u64,
+    /// W1b: messages per poll of the batched source.
+    pub poll: usize,
     /// W3: keys.
     pub io_keys: usize,
     /// W3: messages for the async designs.
@@ -57,6 +59,7 @@ impl Sizes {
             keys: 10_000,
             msgs: 2_000_000,
             work_ns: 50,
+            poll: 256,
             io_keys: 10_000,
             io_msgs: 200_000,
             io_msgs_blocking: 4_000,
@@ -121,6 +124,8 @@ impl Sizes {
 pub enum Workload {
     /// Uniform keys, CPU handler.
     W1,
+    /// As W1, the producer polling 256 records at a time (batched source).
+    W1b,
     /// Half the messages to one key.
     W2,
     /// Handler awaits a ~100 µs device.
@@ -169,8 +174,9 @@ const fn mc(name: &'static str, higher_is_better: bool) -> Metric {
 
 impl Workload {
     /// Every workload, in table order.
-    pub const ALL: [Workload; 9] = [
+    pub const ALL: [Workload; 10] = [
         Workload::W1,
+        Workload::W1b,
         Workload::W2,
         Workload::W3,
         Workload::W4,
@@ -185,6 +191,7 @@ impl Workload {
     pub fn id(self) -> &'static str {
         match self {
             Workload::W1 => "w1",
+            Workload::W1b => "w1b",
             Workload::W2 => "w2",
             Workload::W3 => "w3",
             Workload::W4 => "w4",
@@ -200,6 +207,7 @@ impl Workload {
     pub fn group(self) -> &'static str {
         match self {
             Workload::W1 => "w1_uniform",
+            Workload::W1b => "w1b_batched",
             Workload::W2 => "w2_hot_key",
             Workload::W3 => "w3_async_io",
             Workload::W4 => "w4_ping_pong",
@@ -217,6 +225,10 @@ impl Workload {
             Workload::W1 => format!(
                 "W1 uniform: {} keys, {} msgs round-robin, {} ns handler",
                 s.keys, s.msgs, s.work_ns
+            ),
+            Workload::W1b => format!(
+                "W1b batched source: {} keys, {} msgs round-robin, polled {} at a time and handed over per poll, {} ns handler",
+                s.keys, s.msgs, s.poll, s.work_ns
             ),
             Workload::W2 => format!(
                 "W2 hot key: {} keys, {} msgs, every other one to key 0, {} ns handler",
@@ -268,7 +280,7 @@ impl Workload {
         const OVERLOAD: &[Metric] = &[mc("peak KiB @2×", false), m("peak KiB @10×", false)];
         const CPU: &[Metric] = &[mc("CPU % of a core", false), m("CPU µs per msg", false)];
         match self {
-            Workload::W1 | Workload::W2 | Workload::W7 | Workload::W7b => RATE_CPU,
+            Workload::W1 | Workload::W1b | Workload::W2 | Workload::W7 | Workload::W7b => RATE_CPU,
             Workload::W3 => RATE,
             Workload::W4 => RTT,
             Workload::W5 => MEM,
@@ -288,7 +300,7 @@ impl Workload {
     /// Elements per run, for criterion's throughput (messages or round trips).
     pub fn elements(self, s: &Sizes, blocking: bool) -> u64 {
         (match self {
-            Workload::W1 | Workload::W2 | Workload::W7 | Workload::W7b => s.msgs,
+            Workload::W1 | Workload::W1b | Workload::W2 | Workload::W7 | Workload::W7b => s.msgs,
             Workload::W3 if blocking => s.io_msgs_blocking,
             Workload::W3 => s.io_msgs,
             Workload::W4 => s.rounds,
@@ -319,7 +331,9 @@ impl Workload {
         };
         match self {
             // W7: per source (each producer has its own receiver).
-            Workload::W1 | Workload::W2 | Workload::W7 | Workload::W7b => env().unwrap_or(1024),
+            Workload::W1 | Workload::W1b | Workload::W2 | Workload::W7 | Workload::W7b => {
+                env().unwrap_or(1024)
+            }
             Workload::W3 => env().unwrap_or(4096),
             Workload::W4 => 16,
             // Every key's message stays queued while memory is read.
@@ -406,6 +420,7 @@ pub fn designs(w: Workload) -> Vec<Spec> {
         if matches!(
             w,
             Workload::W1
+                | Workload::W1b
                 | Workload::W2
                 | Workload::W3
                 | Workload::W4
@@ -467,6 +482,7 @@ pub fn run(spec: Spec, w: Workload, sizes: &Sizes) -> Result<Outcome, String> {
 fn run_on<F: Family>(w: Workload, cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
     match w {
         Workload::W1 => throughput::<F>(cfg, s, &Schedule::round_robin(s.msgs, s.keys)),
+        Workload::W1b => batched::<F>(cfg, s),
         Workload::W2 => throughput::<F>(cfg, s, &Schedule::hot_key(s.msgs, s.keys)),
         Workload::W3 => async_io::<F>(cfg, s),
         Workload::W4 => ping_pong::<F>(cfg, s),
@@ -571,6 +587,49 @@ fn throughput<F: Family>(cfg: &Cfg, s: &Sizes, sched: &Schedule) -> Result<Outco
         elapsed,
         values: rate_cpu(sched.msgs.len(), elapsed, cpu, work_ns),
     })
+}
+
+/// W1b: W1's schedule cut into polls of `s.poll` messages (built before
+/// the clock, as a consumer's poll hands over records it already holds),
+/// each handed to the design with [`SendTo::send_batch`].
+fn batched<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
+    let sched = Schedule::round_robin(s.msgs, s.keys);
+    let polls: Vec<Vec<(u64, Msg)>> = sched
+        .msgs
+        .chunks(s.poll.max(1))
+        .map(<[_]>::to_vec)
+        .collect();
+    let checker = Arc::new(sched.checker());
+    let handler = CpuHandler {
+        checker: checker.clone(),
+        iters: iters_for(s.work_ns),
+        gate: None,
+    };
+    let work_ns = work_ns(s.work_ns);
+    let d = start::<F, _>(cfg, handler);
+    let sender = d.sender();
+    let cpu0 = process_cpu();
+    let t = Instant::now();
+    for poll in polls {
+        sender.send_batch(poll);
+    }
+    drop(sender);
+    let d = drained(d, &checker, s.timeout)?;
+    let elapsed = t.elapsed();
+    let cpu = process_cpu() - cpu0;
+    settle(d, &checker, sched.msgs.len(), s.timeout)?;
+    Ok(Outcome {
+        elapsed,
+        values: rate_cpu(sched.msgs.len(), elapsed, cpu, work_ns),
+    })
+}
+
+/// W1b's machine limit in M msg/s: every core running nothing but the
+/// handler's work, `cores ÷ work_ns` (cores = `available_parallelism`).
+pub fn machine_limit(s: &Sizes) -> (usize, f64, f64) {
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    let ns = work_ns(s.work_ns);
+    (cores, ns, cores as f64 / ns * 1e3)
 }
 
 /// W7: `producers` threads, producer `p` sending round-robin to the keys
