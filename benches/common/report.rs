@@ -2,6 +2,7 @@
 //! runs, a markdown table of median and min–max) and `--smoke` (tiny sizes,
 //! one run each, sequence checks only, never timing).
 
+use super::work::work_ns;
 use super::workloads::{designs, machine_limit, run, workers, Sizes, Spec, Workload};
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -131,6 +132,16 @@ fn table_of(w: Workload, sizes: &Sizes, rows: &[Row], runs: usize) -> String {
             shares.join(", ")
         );
     }
+    if w == Workload::W9 {
+        let slow_ns = work_ns(sizes.slow_work_ns);
+        let load = sizes.slow_rate / sizes.slow_every as f64 * slow_ns / 1e9 * 100.0;
+        let _ = writeln!(
+            out,
+            "\nThe slow key: {:.3} ms of work per message (best of 5 calls), {:.0} msg/s: {load:.0} % of one core, so a design that makes other keys wait behind it, or a host that slows that core, shows at once. Target: the crate's p99 slow÷base ≤ 2×.",
+            slow_ns / 1e6,
+            sizes.slow_rate / sizes.slow_every as f64,
+        );
+    }
     let _ = writeln!(out, "\n({runs} runs per design)\n");
     out
 }
@@ -158,7 +169,7 @@ pub fn table(sizes: Sizes) -> i32 {
         workers(),
         sizes.work_ns,
         super::work::iters_for(sizes.work_ns),
-        super::work::work_ns(sizes.work_ns),
+        work_ns(sizes.work_ns),
     );
     println!("Load average at start: {}\n", loadavg());
     let mut failed = 0;

@@ -2,8 +2,11 @@
 //! designs a run compares.
 
 use super::alloc;
-use super::design::{Cfg, CpuHandler, Design, Family, Handler, IoHandler, PingHandler, SendTo};
+use super::design::{
+    Cfg, CpuHandler, Design, Family, Handler, IoHandler, PingHandler, SendTo, SlowKeyHandler,
+};
 use super::device::{Device, DeviceHandle};
+use super::latency::{percentile, Recorder, TimerSlack};
 use super::peers::inline::InlineFamily;
 use super::peers::smol_actors::SmolFamily;
 use super::peers::stripe;
@@ -48,6 +51,16 @@ pub struct Sizes {
     pub idle_msgs: usize,
     /// W8: the producer's interval.
     pub idle_interval: Duration,
+    /// W9: messages per run (fast keys: `keys`, plus one slow key).
+    pub slow_msgs: usize,
+    /// W9: the open-loop producer's rate, messages per second.
+    pub slow_rate: f64,
+    /// W9: one message in `slow_every` goes to the slow key.
+    pub slow_every: usize,
+    /// W9: the slow key's CPU work per message (ns).
+    pub slow_work_ns: u64,
+    /// W9: the producer wakes on this tick and sends what is due.
+    pub slow_tick: Duration,
     /// How long a run may take before its missing messages count as lost.
     pub timeout: Duration,
 }
@@ -71,6 +84,11 @@ impl Sizes {
             overload_work_ns: 2_000,
             idle_msgs: 1_000,
             idle_interval: Duration::from_millis(1),
+            slow_msgs: 360_000,
+            slow_rate: 180_000.0,
+            slow_every: 200,
+            slow_work_ns: 1_000_000,
+            slow_tick: Duration::from_micros(50),
             timeout: Duration::from_secs(60),
         }
     }
@@ -88,6 +106,7 @@ impl Sizes {
             overload_keys: 10,
             overload_msgs: 2_000,
             idle_msgs: 30,
+            slow_msgs: 3_600,
             timeout: Duration::from_secs(30),
             ..Self::full()
         }
@@ -114,6 +133,7 @@ impl Sizes {
             overload_keys: s(self.overload_keys),
             overload_msgs: s(self.overload_msgs),
             idle_msgs: s(self.idle_msgs),
+            slow_msgs: s(self.slow_msgs),
             ..self
         }
     }
@@ -142,6 +162,8 @@ pub enum Workload {
     W7b,
     /// One message per ms: CPU used.
     W8,
+    /// One slow key among fast ones, open-loop producer: fast keys' latency.
+    W9,
 }
 
 /// One column of a workload's table.
@@ -174,7 +196,7 @@ const fn mc(name: &'static str, higher_is_better: bool) -> Metric {
 
 impl Workload {
     /// Every workload, in table order.
-    pub const ALL: [Workload; 10] = [
+    pub const ALL: [Workload; 11] = [
         Workload::W1,
         Workload::W1b,
         Workload::W2,
@@ -185,6 +207,7 @@ impl Workload {
         Workload::W7,
         Workload::W7b,
         Workload::W8,
+        Workload::W9,
     ];
 
     /// `w1` … `w8`.
@@ -200,6 +223,7 @@ impl Workload {
             Workload::W7 => "w7",
             Workload::W7b => "w7b",
             Workload::W8 => "w8",
+            Workload::W9 => "w9",
         }
     }
 
@@ -216,6 +240,7 @@ impl Workload {
             Workload::W7 => "w7_two_producers",
             Workload::W7b => "w7b_four_producers",
             Workload::W8 => "w8_idle",
+            Workload::W9 => "w9_slow_key",
         }
     }
 
@@ -258,6 +283,16 @@ impl Workload {
                 "W8 idle: one message every {:?}, {} msgs; CPU of the design's threads (the producer's own excluded)",
                 s.idle_interval, s.idle_msgs
             ),
+            Workload::W9 => format!(
+                "W9 slow key: {} fast keys ({} ns handler) and one slow key ({:?} of CPU per message, 1 in {} messages); open-loop producer paced at {} msg/s, {} msgs (~{:.1} s); latency = handler start − scheduled send, fast keys only, after a 10 % warm-up; baseline = the same schedule with the slow key's messages fast",
+                s.keys,
+                s.work_ns,
+                Duration::from_nanos(s.slow_work_ns),
+                s.slow_every,
+                s.slow_rate,
+                s.slow_msgs,
+                s.slow_msgs as f64 / s.slow_rate
+            ),
         }
     }
 
@@ -279,6 +314,18 @@ impl Workload {
         ];
         const OVERLOAD: &[Metric] = &[mc("peak KiB @2×", false), m("peak KiB @10×", false)];
         const CPU: &[Metric] = &[mc("CPU % of a core", false), m("CPU µs per msg", false)];
+        // Baseline, then with the slow key; "send lag" is how late the
+        // producer got to a send (a design that blocks it shows there).
+        const SLOW: &[Metric] = &[
+            m("base fast k msg/s", true),
+            m("base p50 µs", false),
+            m("base p99 µs", false),
+            m("slow fast k msg/s", true),
+            m("slow p50 µs", false),
+            mc("slow p99 µs", false),
+            mc("p99 slow÷base", false),
+            m("slow send lag p99 µs", false),
+        ];
         match self {
             Workload::W1 | Workload::W1b | Workload::W2 | Workload::W7 | Workload::W7b => RATE_CPU,
             Workload::W3 => RATE,
@@ -286,6 +333,7 @@ impl Workload {
             Workload::W5 => MEM,
             Workload::W6 => OVERLOAD,
             Workload::W8 => CPU,
+            Workload::W9 => SLOW,
         }
     }
 
@@ -307,6 +355,7 @@ impl Workload {
             Workload::W5 => s.mem_keys,
             Workload::W6 => s.overload_msgs,
             Workload::W8 => s.idle_msgs,
+            Workload::W9 => 2 * s.slow_msgs,
         }) as u64
     }
 
@@ -331,9 +380,14 @@ impl Workload {
         };
         match self {
             // W7: per source (each producer has its own receiver).
-            Workload::W1 | Workload::W1b | Workload::W2 | Workload::W7 | Workload::W7b => {
-                env().unwrap_or(1024)
-            }
+            // W9 too: its handlers are sync (its queues are short unless a
+            // design lets the slow key hold the fast ones up).
+            Workload::W1
+            | Workload::W1b
+            | Workload::W2
+            | Workload::W7
+            | Workload::W7b
+            | Workload::W9 => env().unwrap_or(1024),
             Workload::W3 => env().unwrap_or(4096),
             Workload::W4 => 16,
             // Every key's message stays queued while memory is read.
@@ -427,6 +481,7 @@ pub fn designs(w: Workload) -> Vec<Spec> {
                 | Workload::W7
                 | Workload::W7b
                 | Workload::W8
+                | Workload::W9
         ) {
             all.push(Spec {
                 kind: Kind::Keyed,
@@ -490,6 +545,7 @@ fn run_on<F: Family>(w: Workload, cfg: &Cfg, s: &Sizes) -> Result<Outcome, Strin
         Workload::W6 => overload::<F>(cfg, s),
         Workload::W7 | Workload::W7b => multi_producer::<F>(cfg, s, w.producers()),
         Workload::W8 => idle::<F>(cfg, s),
+        Workload::W9 => slow_key::<F>(cfg, s),
     }
 }
 
@@ -914,6 +970,149 @@ fn idle<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
         values: vec![
             cpu.as_secs_f64() / wall.as_secs_f64() * 100.0,
             cpu.as_secs_f64() * 1e6 / s.idle_msgs as f64,
+        ],
+    })
+}
+
+/// W9's schedule: message `i` goes to the slow key (`s.keys`) when
+/// `i % slow_every == slow_every - 1`, else round-robin over the fast keys.
+fn slow_schedule(s: &Sizes) -> Schedule {
+    let every = s.slow_every.max(2);
+    let mut fast = 0usize;
+    let ks = (0..s.slow_msgs)
+        .map(|i| {
+            if i % every == every - 1 {
+                s.keys as u64
+            } else {
+                fast += 1;
+                ((fast - 1) % s.keys) as u64
+            }
+        })
+        .collect();
+    Schedule::from_keys(ks, s.keys + 1)
+}
+
+/// One W9 run.
+struct Paced {
+    /// Fast messages ÷ (first send → last fast message done), k msg/s.
+    fast_rate: f64,
+    /// Fast keys' latency percentiles after the warm-up, µs.
+    p50: f64,
+    p99: f64,
+    /// The producer's lateness at each send after the warm-up, 99th
+    /// percentile, µs.
+    lag99: f64,
+    /// First send → every message done.
+    elapsed: Duration,
+}
+
+/// One W9 run: the open-loop producer schedules message `i` at `t0 + i /
+/// rate` and sends it then or, when it is late, at once, whatever the design
+/// does, so a design that holds a fast key up, or blocks the producer, shows
+/// as latency from the scheduled send. It wakes on absolute ticks of
+/// `s.slow_tick` (50 µs; timer slack 1 ns) and sends everything due: a
+/// sleep per message (every 5.5 µs) cost this 2-core VM half a core of
+/// kernel time by itself and saturated it once the designs' wake-ups were
+/// added, which showed as milliseconds of latency in every baseline. The
+/// tick is the latency's floor (tens of µs), the same for every design and
+/// in both runs. `slow`: the slow key's messages burn `slow_work_ns`;
+/// otherwise they are as fast as the rest (the baseline).
+fn paced<F: Family>(cfg: &Cfg, s: &Sizes, sched: &Schedule, slow: bool) -> Result<Paced, String> {
+    let slow_key = s.keys as u64;
+    let checker = Arc::new(sched.checker());
+    let recorder = Arc::new(Recorder::new(sched));
+    let iters = iters_for(s.work_ns);
+    let handler = SlowKeyHandler {
+        checker: checker.clone(),
+        recorder: recorder.clone(),
+        iters,
+        slow_key,
+        slow_iters: if slow {
+            iters_for(s.slow_work_ns)
+        } else {
+            iters
+        },
+    };
+    let n = sched.msgs.len();
+    let interval = 1e9 / s.slow_rate;
+    let tick = (s.slow_tick.as_nanos() as u64).max(1);
+    // Not zero, so its pages are touched before the clock starts.
+    let mut lag = vec![u64::MAX; n];
+    let d = start::<F, _>(cfg, handler);
+    let sender = d.sender();
+    let slack = TimerSlack::set(1);
+    let t0 = recorder.now();
+    let due = |i: usize| t0 + (i as f64 * interval) as u64;
+    let mut i = 0;
+    while i < n {
+        let now = recorder.now();
+        let at = due(i);
+        if at > now {
+            // The next tick, or the next message if it is due later.
+            let next_tick = t0 + (now - t0) / tick * tick + tick;
+            thread::sleep(Duration::from_nanos(next_tick.max(at) - now));
+            continue;
+        }
+        let (k, m) = sched.msgs[i];
+        sender.send(k, m);
+        lag[i] = now - at;
+        i += 1;
+    }
+    drop(slack);
+    drop(sender);
+    let d = drained(d, &checker, s.timeout)?;
+    let elapsed = Duration::from_nanos(recorder.now() - t0);
+    settle(d, &checker, n, s.timeout)?;
+    // Everything below is after the run. The percentiles leave out the
+    // warm-up (the first 10 % of the schedule, each key's first ~3
+    // messages), where the actor peers spawn a task per key: on its own it
+    // set their baseline p99.
+    let warm = n / 10;
+    let mut lat = Vec::with_capacity(n);
+    let (mut fast, mut last_fast_done) = (0usize, t0);
+    for (i, &(k, m)) in sched.msgs.iter().enumerate() {
+        if k == slow_key {
+            continue;
+        }
+        fast += 1;
+        if i >= warm {
+            lat.push(recorder.start_of(k, m.seq).saturating_sub(due(i)));
+        }
+        if m.last {
+            last_fast_done = last_fast_done.max(recorder.end_of(k));
+        }
+    }
+    lat.sort_unstable();
+    let mut lag = lag.split_off(warm);
+    lag.sort_unstable();
+    let us = |ns: u64| ns as f64 / 1e3;
+    Ok(Paced {
+        fast_rate: fast as f64 / ((last_fast_done - t0).max(1) as f64 / 1e9) / 1e3,
+        p50: us(percentile(&lat, 50.0)),
+        p99: us(percentile(&lat, 99.0)),
+        lag99: us(percentile(&lag, 99.0)),
+        elapsed,
+    })
+}
+
+/// W9: the baseline run, then the slow-key run, on the same schedule.
+fn slow_key<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
+    let sched = slow_schedule(s);
+    // Calibrated outside the runs (the 1 ms work takes a few ms to calibrate).
+    iters_for(s.slow_work_ns);
+    let base = paced::<F>(cfg, s, &sched, false)?;
+    let slow = paced::<F>(cfg, s, &sched, true)?;
+    Ok(Outcome {
+        elapsed: base.elapsed + slow.elapsed,
+        values: vec![
+            base.fast_rate,
+            base.p50,
+            base.p99,
+            slow.fast_rate,
+            slow.p50,
+            slow.p99,
+            slow.p99 / base.p99.max(1e-3),
+            slow.lag99,
         ],
     })
 }
