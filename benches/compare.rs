@@ -59,6 +59,12 @@ fn main() {
     if has("--table") {
         std::process::exit(common::report::table(Sizes::full().scaled_from_env()));
     }
+    if has("--grid") {
+        std::process::exit(common::report::grid(Sizes::full().scaled_from_env()));
+    }
+    if has("--w3-curve") {
+        std::process::exit(common::report::w3_curve(Sizes::full().scaled_from_env()));
+    }
     // `cargo test` runs bench targets without `--bench`: treat that as CI's smoke run.
     if has("--smoke") || !has("--bench") {
         std::process::exit(common::report::smoke(Sizes::smoke()));

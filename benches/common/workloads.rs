@@ -420,13 +420,27 @@ pub struct Spec {
     pub kind: Kind,
     /// keyed-executor's spin.
     pub spin: Duration,
+    /// keyed-executor's `max_in_flight` for this run (`--grid`,
+    /// `--w3-curve`); `None`: the workload's ([`Workload::credit`]).
+    pub credit: Option<usize>,
 }
 
 impl Spec {
-    const fn of(kind: Kind) -> Self {
+    /// A design with the default settings.
+    pub const fn of(kind: Kind) -> Self {
         Spec {
             kind,
             spin: Duration::ZERO,
+            credit: None,
+        }
+    }
+
+    /// The crate with this spin and, if given, this `max_in_flight`.
+    pub const fn keyed(spin: Duration, credit: Option<usize>) -> Self {
+        Spec {
+            kind: Kind::Keyed,
+            spin,
+            credit,
         }
     }
 
@@ -439,10 +453,17 @@ impl Spec {
             Kind::Smol => "smol-actors",
             Kind::Keyed => "keyed-executor",
         };
-        if self.spin.is_zero() {
+        let mut settings = Vec::new();
+        if !self.spin.is_zero() {
+            settings.push(format!("spin {:?}", self.spin));
+        }
+        if let Some(c) = self.credit {
+            settings.push(format!("max_in_flight {c}"));
+        }
+        if settings.is_empty() {
             base.to_string()
         } else {
-            format!("{base} (spin {:?})", self.spin)
+            format!("{base} ({})", settings.join(", "))
         }
     }
 
@@ -483,10 +504,7 @@ pub fn designs(w: Workload) -> Vec<Spec> {
                 | Workload::W8
                 | Workload::W9
         ) {
-            all.push(Spec {
-                kind: Kind::Keyed,
-                spin: Duration::from_micros(50),
-            });
+            all.push(Spec::keyed(Duration::from_micros(50), None));
         }
     }
     let _ = w;
@@ -523,7 +541,7 @@ pub fn run(spec: Spec, w: Workload, sizes: &Sizes) -> Result<Outcome, String> {
     let cfg = Cfg {
         workers: workers(),
         spin: spec.spin,
-        credit: w.credit(sizes),
+        credit: spec.credit.unwrap_or_else(|| w.credit(sizes)),
     };
     match spec.kind {
         Kind::Inline => run_on::<InlineFamily>(w, &cfg, sizes),
