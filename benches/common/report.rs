@@ -5,7 +5,9 @@
 //! each, sequence checks only, never timing).
 
 use super::work::work_ns;
-use super::workloads::{designs, machine_limit, run, workers, Kind, Sizes, Spec, Workload};
+use super::workloads::{
+    design_selected, designs, machine_limit, run, workers, Kind, Sizes, Spec, Workload,
+};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
@@ -218,12 +220,39 @@ pub fn table(sizes: Sizes) -> i32 {
     i32::from(failed > 0)
 }
 
-/// Every workload × design once at CI's tiny size; checks only.
+/// The crate's settings `--grid` and `--w3-curve` run on `w` (none for
+/// the other workloads), filtered like [`designs`].
+fn grid_specs(w: Workload) -> Vec<Spec> {
+    let mut specs: Vec<Spec> = match w {
+        Workload::W1 | Workload::W2 | Workload::W3 => GRID_SPINS
+            .iter()
+            .flat_map(|&spin| {
+                GRID_CREDITS
+                    .iter()
+                    .map(move |&c| Spec::keyed(spin, Some(c)))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if w == Workload::W3 {
+        specs.extend(
+            CURVE_CREDITS
+                .iter()
+                .filter(|c| !GRID_CREDITS.contains(c))
+                .map(|&c| Spec::keyed(Duration::ZERO, Some(c))),
+        );
+    }
+    specs.retain(|s| design_selected(&s.name()));
+    specs
+}
+
+/// Every workload × design once at CI's tiny size, then the crate at every
+/// `--grid` / `--w3-curve` setting; checks only.
 pub fn smoke(sizes: Sizes) -> i32 {
     let (mut passed, mut failed) = (0, 0);
     let started = Instant::now();
     for w in selected() {
-        for spec in designs(w) {
+        for spec in designs(w).into_iter().chain(grid_specs(w)) {
             let t = Instant::now();
             match run(spec, w, &sizes) {
                 Ok(_) => {
