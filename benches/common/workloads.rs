@@ -12,7 +12,7 @@ use super::peers::smol_actors::SmolFamily;
 use super::peers::stripe;
 use super::peers::striped::StripedFamily;
 use super::peers::tokio_actors::TokioFamily;
-use super::work::{iters_for, work_ns, Checker, Gate, Msg, Schedule};
+use super::work::{iters_for, work_ns, work_ns_now, Checker, Gate, Msg, Schedule};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -628,8 +628,8 @@ fn process_cpu() -> Duration {
 }
 
 /// The columns of [`Workload::metrics`]'s `RATE_CPU`: M msg/s, CPU ns per
-/// message, and that minus the handler's own work (`work_ns`, measured by
-/// the calibration): what the design costs per message, the producer's
+/// message, and that minus the handler's own work (`work_ns`, measured the
+/// calibration's way just before the run): what the design costs per message, the producer's
 /// send path and the harness's sequence checks included (the same checks
 /// for every design; `inline`'s overhead is the harness's floor).
 fn rate_cpu(msgs: usize, elapsed: Duration, cpu: Duration, work_ns: f64) -> Vec<f64> {
@@ -648,7 +648,7 @@ fn throughput<F: Family>(cfg: &Cfg, s: &Sizes, sched: &Schedule) -> Result<Outco
         iters: iters_for(s.work_ns),
         gate: None,
     };
-    let work_ns = work_ns(s.work_ns);
+    let work_ns = work_ns_now(s.work_ns);
     let d = start::<F, _>(cfg, handler);
     let sender = d.sender();
     // The timed part, for the clock and the CPU alike: from the first send
@@ -683,7 +683,7 @@ fn batched<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
         iters: iters_for(s.work_ns),
         gate: None,
     };
-    let work_ns = work_ns(s.work_ns);
+    let work_ns = work_ns_now(s.work_ns);
     let d = start::<F, _>(cfg, handler);
     let sender = d.sender();
     let cpu0 = process_cpu();
@@ -726,7 +726,7 @@ fn multi_producer<F: Family>(cfg: &Cfg, s: &Sizes, producers: usize) -> Result<O
         iters: iters_for(s.work_ns),
         gate: None,
     };
-    let work_ns = work_ns(s.work_ns);
+    let work_ns = work_ns_now(s.work_ns);
     let d = start::<F, _>(cfg, handler);
     // Two barriers: every producer is started and parked in the second one
     // when the clocks are read, and none has sent yet.
