@@ -1,5 +1,58 @@
 //! The workloads, each generic over the design ([`Family`]), and the list of
 //! designs a run compares.
+//!
+//! W1–W6 and W8 are the (see BENCHMARKS.md). W1, W2, W1b and W7
+//! also print the process CPU per message over the timed part (first send
+//! to last message done) and that minus the handler's calibrated work,
+//! measured just before each run ([`work_ns_now`]): "overhead ns/msg", the
+//! design's own cost per message, the producer's send path and the
+//! harness's sequence checks included (the same checks for every design;
+//! `inline`'s overhead is the harness's floor). The calibration times
+//! back-to-back calls, which overlap a little differently from a call inside
+//! a handler, so the absolute zero is good to a few ns (inline can come out
+//! a few ns below zero); every design's CPU has the same work subtracted, so
+//! the differences between designs do not depend on it.
+//!
+//! The later workloads, and how to run each alone (`KEYED_BENCH_SCALE=0.1`
+//! for a quick look; `KEYED_BENCH_DESIGNS=keyed` for the crate's rows only):
+//!
+//! - **W1b, batched source** (`w1b`): W1's schedule (10,000 keys, 2 M msgs
+//!   round-robin, 50 ns handler, one producer) cut into polls of 256
+//!   records, as a Kafka / Redis consumer hands them over; each poll goes to
+//!   the design in its natural batched form through [`SendTo::send_batch`]:
+//!   striped sends one `Vec` per stripe per poll, the actor peers one send
+//!   per message, the crate `keyed.rs`'s `send_poll` (its `send_batch` once
+//!   it exists). Under the table: the machine's limit, cores ÷ the handler's
+//!   measured ns per message, and each design's share of it.
+//!   `KEYED_BENCH_ONLY=w1,w1b cargo bench --bench compare -- --table`
+//! - **W7, multi-producer** (`w7`: 2 producer threads, `w7b`: 4): 2 M msgs in
+//!   total, the 10,000 keys split into disjoint sets (`key % producers`),
+//!   each producer round-robin over its own keys through its own source
+//!   ([`Design::source`]: a fresh receiver with its own credit for the crate,
+//!   a sender clone for the others, its own trampoline for inline). M msg/s of
+//!   all producers together, from their common release to the last message
+//!   done, plus the CPU columns.
+//!   `KEYED_BENCH_ONLY=w7,w7b cargo bench --bench compare -- --table`
+//! - **W9, slow key** (`w9`): 10,000 fast keys (50 ns) and one slow key
+//!   (1 ms of CPU, 1 in 200 messages: 90 % of a core) under an open-loop
+//!   producer paced at 180,000 msg/s for ~2 s (360,000 msgs; the count
+//!   scales, the rate does not). Latency = handler start − scheduled send,
+//!   fast keys only, so a design that blocks the producer (the crate
+//!   waiting for credit) shows as latency too; the first 10 % of the
+//!   schedule is warm-up and left out of the percentiles. Each table run
+//!   does a baseline (the same schedule, the slow key fast) and the slow
+//!   run; the `p99 slow÷base` column is the one with a target (the crate
+//!   ≤ 2×). The producer wakes every 50 µs and sends what is due, so the
+//!   latency's floor is tens of µs for every design. ~4.5 s per design per
+//!   table run. `KEYED_BENCH_ONLY=w9 cargo bench --bench compare -- --table`
+//! - **`--grid`**: the crate alone on W1, W2, W3 at spin 0 / 50 / 100 µs ×
+//!   `max_in_flight` 256 / 1,024 / 4,096, medians and ratios to the crate's
+//!   defaults (spin 0, 256), cells more than 20 % worse flagged ⚠; then the
+//!   W3 curve. `KEYED_BENCH_RUNS=3 cargo bench --bench compare -- --grid`
+//!   (`KEYED_BENCH_ONLY=w1` for one workload)
+//! - **`--w3-curve`**: W3 for the crate at `max_in_flight` 256 / 1,024 /
+//!   4,096 / 16,384 next to tokio-actors, interleaved, with ratios.
+//!   `cargo bench --bench compare -- --w3-curve`
 
 use super::alloc;
 use super::design::{
@@ -359,8 +412,8 @@ impl Workload {
         }) as u64
     }
 
-    /// keyed-executor's `max_in_flight` for this workload
-    /// (`KEYED_BENCH_CREDIT` overrides it for W1–W3).
+    /// keyed-executor's `max_in_flight` for this workload, per receiver
+    /// (`KEYED_BENCH_CREDIT` overrides it for W1, W1b, W2, W3, W7 and W9).
     ///
     /// The throughput workloads use what a user would pick for them, not a
     /// value tuned to the harness. A sync handler holds its credit only while
