@@ -1,7 +1,7 @@
 //! keyed-executor against the designs users would pick instead (issue 5).
 //!
 //! ```text
-//! cargo bench --bench compare -- --table     # the whole comparison table (~3.5 min on 2 cores)
+//! cargo bench --bench compare -- --table     # the whole comparison table (~3–3.5 min on 2 cores)
 //! cargo bench --bench compare -- --grid      # the crate alone: W1–W3 at spin × max_in_flight, then the W3 curve
 //! cargo bench --bench compare -- --w3-curve  # W3: the crate at max_in_flight 256 … 16,384 next to tokio-actors
 //! cargo bench --bench compare -- --smoke     # tiny sizes, sequence checks only (CI): every workload,
