@@ -1,17 +1,29 @@
 //! keyed-executor against the designs users would pick instead (issue 5).
 //!
 //! ```text
-//! cargo bench --bench compare -- --table     # the whole comparison table (< 2 min on 2 cores)
-//! cargo bench --bench compare -- --smoke     # tiny sizes, sequence checks only (CI)
+//! cargo bench --bench compare -- --table     # the whole comparison table (~3–3.5 min on 2 cores)
+//! cargo bench --bench compare -- --grid      # the crate alone: W1–W3 at spin × max_in_flight, then the W3 curve
+//! cargo bench --bench compare -- --w3-curve  # W3: the crate at max_in_flight 256 … 16,384 next to tokio-actors
+//! cargo bench --bench compare -- --smoke     # tiny sizes, sequence checks only (CI): every workload,
+//!                                            #   design, and the crate at every grid/curve setting
 //! cargo test  --release --bench compare      # the same smoke run (no `--bench` argument)
 //! cargo bench --bench compare                # criterion groups w1_uniform … w4_ping_pong
 //! cargo bench --bench compare -- w1_uniform  # one criterion group
 //! ```
 //!
+//! Workloads (ids for `KEYED_BENCH_ONLY`): `w1`, `w1b` (batched source),
+//! `w2`, `w3`, `w4`, `w5`, `w6`, `w7` (2 producers), `w7b` (4 producers),
+//! `w8`, `w9` (slow key); see `common/workloads.rs` for what each does and
+//! how to run it alone.
+//!
 //! Environment: `KEYED_BENCH_SCALE` (size factor), `KEYED_BENCH_RUNS`
-//! (table runs, default 3), `KEYED_BENCH_WORKERS` (default 2),
-//! `KEYED_BENCH_ONLY` (`w1,w4`), `KEYED_BENCH_DESIGNS` (`tokio,striped`),
-//! `KEYED_BENCH_CREDIT` (the crate's `max_in_flight` in W1–W3).
+//! (runs per design in `--table`, per cell in `--grid` / `--w3-curve`;
+//! default 3), `KEYED_BENCH_WORKERS` (default 2), `KEYED_BENCH_ONLY`
+//! (`w1,w4`; also picks `--grid`'s workloads among w1–w3),
+//! `KEYED_BENCH_DESIGNS` (`tokio,striped`: substrings of the row labels),
+//! `KEYED_BENCH_CREDIT` (the crate's `max_in_flight` per receiver in W1,
+//! W1b, W2, W3, W7, W9; default 1,024 for the sync handlers, 4,096 for W3's
+//! async one; `--grid` and `--w3-curve` set their own).
 
 mod common;
 
@@ -57,6 +69,12 @@ fn main() {
     let has = |flag: &str| args.iter().any(|a| a == flag);
     if has("--table") {
         std::process::exit(common::report::table(Sizes::full().scaled_from_env()));
+    }
+    if has("--grid") {
+        std::process::exit(common::report::grid(Sizes::full().scaled_from_env()));
+    }
+    if has("--w3-curve") {
+        std::process::exit(common::report::w3_curve(Sizes::full().scaled_from_env()));
     }
     // `cargo test` runs bench targets without `--bench`: treat that as CI's smoke run.
     if has("--smoke") || !has("--bench") {

@@ -3,6 +3,7 @@
 //! design, for any handler).
 
 use super::device::DeviceHandle;
+use super::latency::Recorder;
 use super::work::{spin_work, Checker, Gate, Msg};
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
@@ -31,6 +32,14 @@ pub trait Handler: Send + Sync + 'static {
 pub trait SendTo: Clone + Send + Sync + 'static {
     /// Sends; panics if the design is stopped (a harness bug).
     fn send(&self, key: u64, msg: Msg);
+    /// Sends one poll of a batched source (W1b), in order, in the design's
+    /// natural batched form. The default is one [`send`](Self::send) per
+    /// message (the actor peers' natural form: a channel per key).
+    fn send_batch(&self, batch: Vec<(u64, Msg)>) {
+        for (k, m) in batch {
+            self.send(k, m);
+        }
+    }
 }
 
 /// Settings shared by every design of a run.
@@ -52,6 +61,13 @@ pub trait Design<H: Handler>: Sized {
     fn start(cfg: &Cfg, handler: H) -> Self;
     /// A sending handle.
     fn sender(&self) -> Self::Sender;
+    /// A sending handle for one more independent source (W7: one per
+    /// producer thread). The default is a clone of [`sender`](Self::sender),
+    /// which is what the peers offer; keyed-executor gives each source its
+    /// own receiver, with its own credit.
+    fn source(&self) -> Self::Sender {
+        self.sender()
+    }
     /// Stops the threads once the harness saw every message finish.
     fn finish(self);
 }
@@ -121,6 +137,47 @@ impl Handler for CpuHandler {
         }
         self.checker.begin(key, msg);
         black_box(spin_work(self.iters));
+        self.checker.end(key, msg);
+    }
+}
+
+/// W9: CPU work, `slow_iters` for the slow key and `iters` for the others;
+/// records when each message starts and when each key's last one ends.
+pub struct SlowKeyHandler {
+    /// The run's checker.
+    pub checker: Arc<Checker>,
+    /// The run's start and end times.
+    pub recorder: Arc<Recorder>,
+    /// Iterations of [`spin_work`] for a fast key.
+    pub iters: u64,
+    /// The slow key.
+    pub slow_key: u64,
+    /// Iterations of [`spin_work`] for the slow key (`iters` in the baseline).
+    pub slow_iters: u64,
+}
+
+impl Handler for SlowKeyHandler {
+    type Fut = Ready<()>;
+    const ASYNC: bool = false;
+
+    fn call(&self, key: u64, msg: Msg) -> Ready<()> {
+        self.call_blocking(key, msg);
+        ready(())
+    }
+
+    #[inline]
+    fn call_blocking(&self, key: u64, msg: Msg) {
+        self.recorder.started(key, msg);
+        self.checker.begin(key, msg);
+        let iters = if key == self.slow_key {
+            self.slow_iters
+        } else {
+            self.iters
+        };
+        black_box(spin_work(iters));
+        if msg.last {
+            self.recorder.ended(key);
+        }
         self.checker.end(key, msg);
     }
 }

@@ -1,11 +1,10 @@
-//! `keyed-executor`: the crate under test, through its public API.
+//! `keyed-executor`: the crate under test, through its public API, written
+//! the way a user would write it: the builder, the dispatcher's **default
+//! hasher** (no `.hasher(..)` tuning), one receiver per source.
 
 use crate::common::design::{Cfg, Design, Family, Handler, SendTo};
 use crate::common::work::Msg;
-use keyed_executor::{handler, KeyedExecutor, Receiver};
-// Same hash as the tokio/smol peers' DashMaps (the crate's default is SipHash).
-use rustc_hash::FxBuildHasher;
-use std::any::Any;
+use keyed_executor::{handler, Dispatcher, KeyedExecutor, Receiver};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,13 +16,16 @@ impl Family for KeyedFamily {
     type D<H: Handler> = Keyed<H>;
 }
 
-/// The crate: one executor, one dispatcher, one receiver.
+/// The crate: one executor, one dispatcher, one receiver (plus one more
+/// receiver per extra source, see [`Design::source`]).
 pub struct Keyed<H> {
     executor: KeyedExecutor,
-    // Kept alive for the run; its type names the handler closure, so it is
-    // held as `dyn Any`.
-    _dispatcher: Box<dyn Any + Send>,
+    // Typed by key, message and output only (not by the handler closure), so
+    // it can hand out fresh receivers.
+    dispatcher: Dispatcher<u64, Msg, ()>,
     receiver: Receiver<u64, Msg, ()>,
+    /// `max_in_flight` of each receiver.
+    credit: usize,
     _handler: PhantomData<fn(H)>,
 }
 
@@ -36,6 +38,22 @@ impl SendTo for KeyedSender {
     #[inline]
     fn send(&self, key: u64, msg: Msg) {
         if self.0.send(key, msg).is_err() {
+            panic!("keyed-executor: message refused (executor closed)");
+        }
+    }
+
+    fn send_batch(&self, batch: Vec<(u64, Msg)>) {
+        send_poll(&self.0, batch);
+    }
+}
+
+/// W1b: hands one poll of a batched source (a Kafka / Redis consumer's
+/// `poll()`) to the crate in one call: fire-and-forget, blocking for
+/// credit, the whole batch in order.
+pub fn send_poll(receiver: &Receiver<u64, Msg, ()>, poll: Vec<(u64, Msg)>) {
+    // switch to receiver.send_batch(poll) once the crate has it
+    for (k, m) in poll {
+        if receiver.send(k, m).is_err() {
             panic!("keyed-executor: message refused (executor closed)");
         }
     }
@@ -52,29 +70,22 @@ impl<H: Handler> Design<H> for Keyed<H> {
             .build()
             .expect("keyed-executor config");
         let work = Arc::new(work);
-        let (dispatcher, receiver): (Box<dyn Any + Send>, _) = if H::ASYNC {
-            let d = executor
-                .dispatcher_builder(handler::from_async_fn(move |key: u64, msg: Msg| {
-                    work.call(key, msg)
-                }))
-                .hasher(FxBuildHasher)
-                .build();
-            let r = d.receiver(cfg.credit).expect("receiver");
-            (Box::new(d), r)
+        // The crate's default hasher, as a user who does not tune it gets.
+        let dispatcher: Dispatcher<u64, Msg, ()> = if H::ASYNC {
+            executor.dispatcher(handler::from_async_fn(move |key: u64, msg: Msg| {
+                work.call(key, msg)
+            }))
         } else {
-            let d = executor
-                .dispatcher_builder(handler::from_fn(move |key: &u64, msg: Msg| {
-                    work.call_blocking(*key, msg)
-                }))
-                .hasher(FxBuildHasher)
-                .build();
-            let r = d.receiver(cfg.credit).expect("receiver");
-            (Box::new(d), r)
+            executor.dispatcher(handler::from_fn(move |key: &u64, msg: Msg| {
+                work.call_blocking(*key, msg)
+            }))
         };
+        let receiver = dispatcher.receiver(cfg.credit).expect("receiver");
         Keyed {
             executor,
-            _dispatcher: dispatcher,
+            dispatcher,
             receiver,
+            credit: cfg.credit,
             _handler: PhantomData,
         }
     }
@@ -83,14 +94,24 @@ impl<H: Handler> Design<H> for Keyed<H> {
         KeyedSender(self.receiver.clone())
     }
 
+    /// A fresh receiver of the same dispatcher: a source with its own credit,
+    /// as a partitioned consumer gives each partition.
+    fn source(&self) -> KeyedSender {
+        KeyedSender(self.dispatcher.receiver(self.credit).expect("receiver"))
+    }
+
     fn finish(self) {
         let Keyed {
-            executor, receiver, ..
+            executor,
+            dispatcher,
+            receiver,
+            ..
         } = self;
         drop(receiver);
         assert!(
             executor.shutdown(Duration::from_secs(10)),
             "keyed-executor: shutdown did not drain in 10 s"
         );
+        drop(dispatcher);
     }
 }

@@ -7,13 +7,15 @@
 //! - [`work`]: the message, calibrated CPU work, per-key sequence checker;
 //! - [`device`]: W3's simulated ~100 µs device;
 //! - [`alloc`]: the counting global allocator (W5, W6);
-//! - [`workloads`]: W1–W8 and the list of designs;
+//! - [`latency`]: W9's lock-free start/end times and percentiles;
+//! - [`workloads`]: W1–W9 and the list of designs;
 //! - [`report`]: `--table` and `--smoke`.
 
 pub mod alloc;
 pub mod design;
 pub mod device;
 pub mod keyed;
+pub mod latency;
 pub mod peers;
 pub mod report;
 pub mod work;

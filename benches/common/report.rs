@@ -1,10 +1,15 @@
-//! The two non-criterion modes: `--table` (every workload × design, several
-//! runs, a markdown table of median and min–max) and `--smoke` (tiny sizes,
-//! one run each, sequence checks only, never timing).
+//! The non-criterion modes: `--table` (every workload × design, several
+//! runs, a markdown table of median and min–max), `--grid` (the crate alone
+//! on W1–W3 over spin × `max_in_flight`), `--w3-curve` (W3 for the crate at
+//! four credits next to tokio-actors) and `--smoke` (tiny sizes, one run
+//! each, sequence checks only, never timing).
 
-use super::workloads::{designs, run, workers, Sizes, Spec, Workload};
+use super::work::{work_ns, work_ns_now};
+use super::workloads::{
+    design_selected, designs, machine_limit, run, workers, Kind, Sizes, Spec, Workload,
+};
 use std::fmt::Write as _;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Workloads to run: `KEYED_BENCH_ONLY` (comma-separated ids such as
 /// `w1,w4`), default all.
@@ -87,33 +92,74 @@ fn table_of(w: Workload, sizes: &Sizes, rows: &[Row], runs: usize) -> String {
         }
         out.push('\n');
     }
-    // The crate against each peer, on the first column: crate ÷ peer.
-    let m0 = metrics[0];
+    // The crate against each peer, on the columns marked `compare`:
+    // crate ÷ peer (a peer whose median is not positive has no ratio).
     let ok = |r: &&Row| r.error.is_none() && !r.samples.is_empty();
-    for c in rows.iter().filter(ok).filter(|r| r.spec.is_crate()) {
-        let cv = median(&c.metric(0));
-        let mut parts = Vec::new();
-        for p in rows.iter().filter(ok).filter(|r| !r.spec.is_crate()) {
-            let pv = median(&p.metric(0));
-            if pv != 0.0 {
-                parts.push(format!("{} {}×", p.spec.name(), num(cv / pv)));
+    for (i, mi) in metrics.iter().enumerate().filter(|(_, m)| m.compare) {
+        for c in rows.iter().filter(ok).filter(|r| r.spec.is_crate()) {
+            let cv = median(&c.metric(i));
+            let mut parts = Vec::new();
+            for p in rows.iter().filter(ok).filter(|r| !r.spec.is_crate()) {
+                let pv = median(&p.metric(i));
+                if pv > 0.0 {
+                    parts.push(format!("{} {}×", p.spec.name(), num(cv / pv)));
+                }
             }
+            let _ = writeln!(
+                out,
+                "\n{} ÷ peer, {} ({}): {}",
+                c.spec.name(),
+                mi.name,
+                if mi.higher_is_better {
+                    "above 1 = crate better"
+                } else {
+                    "below 1 = crate better"
+                },
+                parts.join(", ")
+            );
         }
+    }
+    if w == Workload::W1b {
+        let (cores, ns, limit) = machine_limit(sizes);
+        let shares: Vec<String> = rows
+            .iter()
+            .filter(ok)
+            .map(|r| {
+                let share = median(&r.metric(0)) / limit * 100.0;
+                format!("{} {share:.0} %", r.spec.name())
+            })
+            .collect();
         let _ = writeln!(
             out,
-            "\n{} ÷ peer, {} ({}): {}",
-            c.spec.name(),
-            m0.name,
-            if m0.higher_is_better {
-                "above 1 = crate better"
-            } else {
-                "below 1 = crate better"
-            },
-            parts.join(", ")
+            "\nMachine limit: {cores} cores ÷ {ns:.1} ns of handler work per message = {} M msg/s; share of it (median): {}",
+            num(limit),
+            shares.join(", ")
+        );
+    }
+    if w == Workload::W9 {
+        // Measured now, after the runs: the host's drift since the
+        // calibration shows.
+        let slow_ns = work_ns_now(sizes.slow_work_ns);
+        let load = sizes.slow_rate / sizes.slow_every as f64 * slow_ns / 1e9 * 100.0;
+        let _ = writeln!(
+            out,
+            "\nThe slow key: calibrated to {:?} of work per message before the runs, {:.3} ms measured after them (best of 5 calls); at {:.0} msg/s that is {load:.0} % of one core, so a design that makes other keys wait behind it, or a host that slows that core, shows at once. Target: the crate's p99 slow÷base ≤ 2×.",
+            Duration::from_nanos(sizes.slow_work_ns),
+            slow_ns / 1e6,
+            sizes.slow_rate / sizes.slow_every as f64,
         );
     }
     let _ = writeln!(out, "\n({runs} runs per design)\n");
     out
+}
+
+/// Table runs per design: `KEYED_BENCH_RUNS`, default 3.
+fn runs() -> usize {
+    std::env::var("KEYED_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3)
 }
 
 /// The 1/5/15-minute load averages: the machine is shared, so a table says
@@ -128,17 +174,14 @@ fn loadavg() -> String {
 /// prints markdown tables to stdout and progress to stderr. Returns the exit
 /// code: 1 if any run failed its sequence checks.
 pub fn table(sizes: Sizes) -> i32 {
-    let runs: usize = std::env::var("KEYED_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(3);
+    let runs = runs();
     let started = Instant::now();
     println!(
-        "## keyed-executor comparison: {} handler threads per design, {runs} runs each; {} ns of handler work = {} loop iterations\n",
+        "## keyed-executor comparison: {} handler threads per design, {runs} runs each; {} ns of handler work = {} loop iterations (measured {:.1} ns per call)\n",
         workers(),
         sizes.work_ns,
         super::work::iters_for(sizes.work_ns),
+        work_ns(sizes.work_ns),
     );
     println!("Load average at start: {}\n", loadavg());
     let mut failed = 0;
@@ -180,12 +223,39 @@ pub fn table(sizes: Sizes) -> i32 {
     i32::from(failed > 0)
 }
 
-/// Every workload × design once at CI's tiny size; checks only.
+/// The crate's settings `--grid` and `--w3-curve` run on `w` (none for
+/// the other workloads), filtered like [`designs`].
+fn grid_specs(w: Workload) -> Vec<Spec> {
+    let mut specs: Vec<Spec> = match w {
+        Workload::W1 | Workload::W2 | Workload::W3 => GRID_SPINS
+            .iter()
+            .flat_map(|&spin| {
+                GRID_CREDITS
+                    .iter()
+                    .map(move |&c| Spec::keyed(spin, Some(c)))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if w == Workload::W3 {
+        specs.extend(
+            CURVE_CREDITS
+                .iter()
+                .filter(|c| !GRID_CREDITS.contains(c))
+                .map(|&c| Spec::keyed(Duration::ZERO, Some(c))),
+        );
+    }
+    specs.retain(|s| design_selected(&s.name()));
+    specs
+}
+
+/// Every workload × design once at CI's tiny size, then the crate at every
+/// `--grid` / `--w3-curve` setting; checks only.
 pub fn smoke(sizes: Sizes) -> i32 {
     let (mut passed, mut failed) = (0, 0);
     let started = Instant::now();
     for w in selected() {
-        for spec in designs(w) {
+        for spec in designs(w).into_iter().chain(grid_specs(w)) {
             let t = Instant::now();
             match run(spec, w, &sizes) {
                 Ok(_) => {
@@ -210,4 +280,221 @@ pub fn smoke(sizes: Sizes) -> i32 {
     );
     println!("smoke: {passed} passed, {failed} failed");
     i32::from(failed > 0)
+}
+
+/// `--grid`'s spins.
+const GRID_SPINS: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_micros(50),
+    Duration::from_micros(100),
+];
+/// `--grid`'s `max_in_flight` values.
+const GRID_CREDITS: [usize; 3] = [256, 1024, 4096];
+/// `--w3-curve`'s `max_in_flight` values.
+const CURVE_CREDITS: [usize; 4] = [256, 1024, 4096, 16_384];
+/// A grid cell under this fraction of the reference cell is flagged.
+const GRID_FLAG: f64 = 0.8;
+
+/// Runs `specs` on `w`, `runs` times, interleaved run by run; the first
+/// column of each run, or the first error.
+fn sample(
+    w: Workload,
+    sizes: &Sizes,
+    specs: &[Spec],
+    runs: usize,
+) -> Vec<Result<Vec<f64>, String>> {
+    let mut out: Vec<Result<Vec<f64>, String>> = specs.iter().map(|_| Ok(Vec::new())).collect();
+    for r in 0..runs {
+        for (spec, slot) in specs.iter().zip(out.iter_mut()) {
+            let Ok(v) = slot else { continue };
+            eprint!("{} {} run {}/{runs} … ", w.id(), spec.name(), r + 1);
+            match run(*spec, w, sizes) {
+                Ok(o) => {
+                    eprintln!("{:.3}", o.values[0]);
+                    v.push(o.values[0]);
+                }
+                Err(e) => {
+                    eprintln!("FAILED: {e}");
+                    *slot = Err(e);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `median (min–max)`.
+fn summary(v: &[f64]) -> String {
+    let lo = v.iter().cloned().fold(f64::MAX, f64::min);
+    let hi = v.iter().cloned().fold(f64::MIN, f64::max);
+    format!("{} ({}–{})", num(median(v)), num(lo), num(hi))
+}
+
+/// The spin as a row label.
+fn spin_label(spin: Duration) -> String {
+    if spin.is_zero() {
+        "0".into()
+    } else {
+        format!("{spin:?}")
+    }
+}
+
+/// The crate alone on W1, W2 and W3 (those of them `KEYED_BENCH_ONLY`
+/// selects) at every spin × `max_in_flight` of [`GRID_SPINS`] ×
+/// [`GRID_CREDITS`], `KEYED_BENCH_RUNS` runs each, interleaved: per
+/// workload a table of medians and ratios to the (spin 0, 256) cell, the
+/// crate's defaults, flagging ratios under [`GRID_FLAG`]. Then the W3 curve
+/// if W3 is selected. Returns the exit code.
+pub fn grid(sizes: Sizes) -> i32 {
+    let runs = runs();
+    let started = Instant::now();
+    println!(
+        "## keyed-executor grid: spin × max_in_flight, {} workers, {runs} runs per cell\n",
+        workers()
+    );
+    println!("Load average at start: {}\n", loadavg());
+    let mut failed = false;
+    let workloads: Vec<Workload> = selected()
+        .into_iter()
+        .filter(|w| matches!(w, Workload::W1 | Workload::W2 | Workload::W3))
+        .collect();
+    for &w in &workloads {
+        let specs: Vec<Spec> = GRID_SPINS
+            .iter()
+            .flat_map(|&spin| {
+                GRID_CREDITS
+                    .iter()
+                    .map(move |&c| Spec::keyed(spin, Some(c)))
+            })
+            .collect();
+        let results = sample(w, &sizes, &specs, runs);
+        let metric = w.metrics()[0];
+        let reference = results[0].as_ref().ok().map(|v| median(v));
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "### Grid, {}\n\nkeyed-executor only; {} {} median (min–max) and ratio to spin 0 / max_in_flight {} (the crate's defaults){}\n",
+            w.title(&sizes),
+            metric.name,
+            if metric.higher_is_better { "↑" } else { "↓" },
+            GRID_CREDITS[0],
+            if metric.higher_is_better { "" } else { "; below 1 = faster" },
+        );
+        let _ = write!(out, "| spin \\ max_in_flight |");
+        for c in GRID_CREDITS {
+            let _ = write!(out, " {c} |");
+        }
+        let _ = write!(out, "\n|---|");
+        for _ in GRID_CREDITS {
+            let _ = write!(out, "---|");
+        }
+        out.push('\n');
+        let mut flagged = Vec::new();
+        for (si, &spin) in GRID_SPINS.iter().enumerate() {
+            let _ = write!(out, "| {} |", spin_label(spin));
+            for (ci, &c) in GRID_CREDITS.iter().enumerate() {
+                match &results[si * GRID_CREDITS.len() + ci] {
+                    Err(e) => {
+                        failed = true;
+                        let _ = write!(out, " FAILED: {e} |");
+                    }
+                    Ok(v) => {
+                        let ratio = reference.map(|r| median(v) / r);
+                        // "Worse than the reference by more than 20 %".
+                        let bad = ratio.is_some_and(|q| {
+                            if metric.higher_is_better {
+                                q < GRID_FLAG
+                            } else {
+                                q > 1.0 / GRID_FLAG
+                            }
+                        });
+                        let ratio_s = ratio.map_or("–".into(), |q| format!("{}×", num(q)));
+                        let _ = write!(
+                            out,
+                            " {} {ratio_s}{} |",
+                            summary(v),
+                            if bad { " ⚠" } else { "" }
+                        );
+                        if bad {
+                            flagged.push(format!("spin {} / {c}: {ratio_s}", spin_label(spin)));
+                        }
+                    }
+                }
+            }
+            out.push('\n');
+        }
+        let _ = writeln!(
+            out,
+            "\nFlagged (more than {:.0} % worse than the defaults' cell): {}\n",
+            (1.0 - GRID_FLAG) * 100.0,
+            if flagged.is_empty() {
+                "none".to_string()
+            } else {
+                flagged.join(", ")
+            }
+        );
+        print!("{out}");
+    }
+    if workloads.contains(&Workload::W3) && !w3_curve_table(&sizes, runs) {
+        failed = true;
+    }
+    println!(
+        "Total time: {:.1} s; load average at the end: {}",
+        started.elapsed().as_secs_f64(),
+        loadavg()
+    );
+    i32::from(failed)
+}
+
+/// `--w3-curve`: W3 for the crate at each of [`CURVE_CREDITS`] next to
+/// tokio-actors, interleaved run by run. Returns the exit code.
+pub fn w3_curve(sizes: Sizes) -> i32 {
+    let started = Instant::now();
+    println!("Load average at start: {}\n", loadavg());
+    let ok = w3_curve_table(&sizes, runs());
+    println!(
+        "Total time: {:.1} s; load average at the end: {}",
+        started.elapsed().as_secs_f64(),
+        loadavg()
+    );
+    i32::from(!ok)
+}
+
+/// Prints the W3 curve; false if a run failed.
+fn w3_curve_table(sizes: &Sizes, runs: usize) -> bool {
+    let w = Workload::W3;
+    let mut specs = vec![Spec::of(Kind::Tokio)];
+    specs.extend(
+        CURVE_CREDITS
+            .iter()
+            .map(|&c| Spec::keyed(Duration::ZERO, Some(c))),
+    );
+    let results = sample(w, sizes, &specs, runs);
+    let tokio = results[0].as_ref().ok().map(|v| median(v));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "### W3 curve: keyed-executor's max_in_flight next to tokio-actors\n\n{}; {runs} runs each, interleaved\n",
+        w.title(sizes)
+    );
+    let _ = writeln!(
+        out,
+        "| design | M msg/s ↑ median (min–max) | ÷ tokio-actors |\n|---|---|---|"
+    );
+    let mut ok = true;
+    for (spec, r) in specs.iter().zip(&results) {
+        match r {
+            Err(e) => {
+                ok = false;
+                let _ = writeln!(out, "| {} | FAILED: {e} | |", spec.name());
+            }
+            Ok(v) => {
+                let ratio = tokio.map_or("–".into(), |t| format!("{}×", num(median(v) / t)));
+                let _ = writeln!(out, "| {} | {} | {ratio} |", spec.name(), summary(v));
+            }
+        }
+    }
+    out.push('\n');
+    print!("{out}");
+    ok
 }

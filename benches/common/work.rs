@@ -49,33 +49,83 @@ fn ns_per_call(iters: u64) -> f64 {
     best
 }
 
+/// From this length of work on (W9's 1 ms slow key), [`iters_for`]
+/// extrapolates instead of bisecting: bisecting with 1,000 calls per try
+/// would take minutes, and back-to-back overlap no longer matters.
+const LONG_NS: u64 = 100_000;
+
+/// The best of five single calls of `spin_work(iters)`, in ns (long work).
+fn ns_per_long_call(iters: u64) -> f64 {
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            black_box(spin_work(black_box(iters)));
+            t.elapsed().as_nanos() as f64
+        })
+        .fold(f64::MAX, f64::min)
+}
+
 /// Iterations of [`spin_work`] whose back-to-back calls take about `ns`
-/// nanoseconds each (calibrated once per `ns`).
+/// nanoseconds each (calibrated once per `ns`). Work of [`LONG_NS`] or more
+/// is scaled from the 2 µs calibration and corrected once by timing the
+/// long call itself.
 pub fn iters_for(ns: u64) -> u64 {
     static CACHE: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
     if ns == 0 {
         return 0;
     }
-    let mut cache = CACHE.lock().unwrap();
-    if let Some(&(_, iters)) = cache.iter().find(|(n, _)| *n == ns) {
+    if let Some(&(_, iters)) = CACHE.lock().unwrap().iter().find(|(n, _)| *n == ns) {
         return iters;
     }
-    // Grow until a call takes `ns`, then bisect down to the smallest count that does.
-    let (mut lo, mut hi) = (0u64, 1u64);
-    while ns_per_call(hi) < ns as f64 {
-        lo = hi;
-        hi *= 2;
-    }
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if ns_per_call(mid) < ns as f64 {
-            lo = mid;
-        } else {
-            hi = mid;
+    let iters = if ns >= LONG_NS {
+        let guess = (iters_for(2_000) * (ns / 2_000)).max(1);
+        ((guess as f64 * ns as f64 / ns_per_long_call(guess)).round() as u64).max(1)
+    } else {
+        // Grow until a call takes `ns`, then bisect down to the smallest count that does.
+        let (mut lo, mut hi) = (0u64, 1u64);
+        while ns_per_call(hi) < ns as f64 {
+            lo = hi;
+            hi *= 2;
         }
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if ns_per_call(mid) < ns as f64 {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        hi
+    };
+    CACHE.lock().unwrap().push((ns, iters));
+    iters
+}
+
+/// Nanoseconds one call of the handler's work for `ns` takes, measured at
+/// [`iters_for`]`(ns)` the way the calibration measures it (the best of
+/// several tries of back-to-back calls), measured once per process: for
+/// headers and limits. See [`work_ns_now`] for the overhead columns.
+pub fn work_ns(ns: u64) -> f64 {
+    static CACHE: Mutex<Vec<(u64, f64)>> = Mutex::new(Vec::new());
+    if let Some(&(_, t)) = CACHE.lock().unwrap().iter().find(|(n, _)| *n == ns) {
+        return t;
     }
-    cache.push((ns, hi));
-    hi
+    let t = work_ns_now(ns);
+    CACHE.lock().unwrap().push((ns, t));
+    t
+}
+
+/// As [`work_ns`], measured afresh (~10 ms for short work): the CPU-per-
+/// message columns take it just before each run and subtract it, so a host
+/// whose cores slow down during a table (they do, by 10 % and more, on the
+/// shared machine) does not show as the designs' overhead.
+pub fn work_ns_now(ns: u64) -> f64 {
+    let iters = iters_for(ns);
+    if ns >= LONG_NS {
+        ns_per_long_call(iters)
+    } else {
+        ns_per_call(iters)
+    }
 }
 
 /// One key's state on its own cache line, so two workers finishing
@@ -244,7 +294,11 @@ pub struct Schedule {
 impl Schedule {
     /// `n` messages, the `i`-th to `key_of(i)`, keys below `keys`.
     pub fn new(n: usize, keys: usize, key_of: impl Fn(usize) -> u64) -> Self {
-        let ks: Vec<u64> = (0..n).map(&key_of).collect();
+        Self::from_keys((0..n).map(&key_of).collect(), keys)
+    }
+
+    /// One message per entry of `ks`, to that key, keys below `keys`.
+    pub fn from_keys(ks: Vec<u64>, keys: usize) -> Self {
         let mut count = vec![0u32; keys];
         for &k in &ks {
             count[k as usize] += 1;

@@ -5,6 +5,11 @@
 //! runs is queued and run after it (a trampoline). The design is used from
 //! one thread only; the queue is behind a `Mutex` only to stay `Sync`, and
 //! the common path (no handler running) touches neither lock nor RMW.
+//!
+//! Each extra source ([`Design::source`], W7's producer threads) gets its
+//! own trampoline around the shared handler, so every producer thread runs
+//! its own messages: P threads calling the handler directly. That is correct
+//! only because W7's producers own disjoint keys.
 
 use crate::common::design::{Cfg, Design, Family, Handler, SendTo};
 use crate::common::work::Msg;
@@ -22,10 +27,21 @@ impl Family for InlineFamily {
 }
 
 struct Core<H> {
-    handler: H,
+    handler: Arc<H>,
     running: AtomicBool,
     queued: AtomicBool,
     pending: Mutex<VecDeque<(u64, Msg)>>,
+}
+
+impl<H> Core<H> {
+    fn new(handler: Arc<H>) -> Self {
+        Core {
+            handler,
+            running: AtomicBool::new(false),
+            queued: AtomicBool::new(false),
+            pending: Mutex::new(VecDeque::new()),
+        }
+    }
 }
 
 /// The inline design.
@@ -73,16 +89,15 @@ impl<H: Handler> Design<H> for Inline<H> {
     type Sender = InlineSender<H>;
 
     fn start(_cfg: &Cfg, handler: H) -> Self {
-        Inline(Arc::new(Core {
-            handler,
-            running: AtomicBool::new(false),
-            queued: AtomicBool::new(false),
-            pending: Mutex::new(VecDeque::new()),
-        }))
+        Inline(Arc::new(Core::new(Arc::new(handler))))
     }
 
     fn sender(&self) -> InlineSender<H> {
         InlineSender(self.0.clone())
+    }
+
+    fn source(&self) -> InlineSender<H> {
+        InlineSender(Arc::new(Core::new(self.0.handler.clone())))
     }
 
     fn finish(self) {}

@@ -2,6 +2,9 @@
 //! a key always goes to the thread `stripe(key)` picks, so its messages run
 //! in order on that thread (the ordered executor of Apache BookKeeper and
 //! Hazelcast). Async handlers block their thread until the future is done.
+//!
+//! A batched source (W1b) sends one `Vec` per stripe per poll: the poll's
+//! messages for that stripe, in order, run by the stripe thread one by one.
 
 use super::stripe;
 use crate::common::design::{Cfg, Design, Family, Handler, SendTo};
@@ -21,6 +24,7 @@ impl Family for StripedFamily {
 
 enum Cmd {
     Run(u64, Msg),
+    Batch(Vec<(u64, Msg)>),
     Stop,
 }
 
@@ -43,6 +47,21 @@ impl SendTo for StripedSender {
             panic!("striped: sent after finish");
         }
     }
+
+    fn send_batch(&self, batch: Vec<(u64, Msg)>) {
+        let n = self.0.len();
+        let mut per: Vec<Vec<(u64, Msg)>> = (0..n)
+            .map(|_| Vec::with_capacity(batch.len() / n + batch.len() / 8 + 1))
+            .collect();
+        for (k, m) in batch {
+            per[stripe(k, n)].push((k, m));
+        }
+        for (tx, part) in self.0.iter().zip(per) {
+            if !part.is_empty() && tx.send(Cmd::Batch(part)).is_err() {
+                panic!("striped: sent after finish");
+            }
+        }
+    }
 }
 
 impl<H: Handler> Design<H> for Striped<H> {
@@ -62,6 +81,11 @@ impl<H: Handler> Design<H> for Striped<H> {
                         for cmd in rx {
                             match cmd {
                                 Cmd::Run(k, m) => h.call_blocking(k, m),
+                                Cmd::Batch(v) => {
+                                    for (k, m) in v {
+                                        h.call_blocking(k, m);
+                                    }
+                                }
                                 Cmd::Stop => break,
                             }
                         }
