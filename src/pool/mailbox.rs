@@ -175,28 +175,33 @@ struct Turn {
     spent: u32,
 }
 
-// `repr(C)` so the fields every message touches (state, queue lock, queue
-// header) share the first cache line with the `Arc`'s counts.
+// `repr(C)`, hot fields first: a message that completes in its first poll
+// touches `state`, `parked`, `turn`, `dispatcher`, `key` and `future`, which
+// share the first cache line with the `Arc`'s counts (for small keys and
+// futures); the queue, the suspended message's `meta` and the rest follow.
 #[repr(C)]
 pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
-    queue: SpinLock<VecDeque<Envelope<M, H::Output>>>,
     /// The reference an idle mailbox keeps to itself for its next turn, so
     /// reviving it costs no reference-count traffic. Only its worker thread
     /// touches it; dropped when the mailbox is retired or closed.
     parked: UnsafeCell<Option<Arc<Self>>>,
-    /// The worker this mailbox always runs on (sticky).
-    worker: usize,
-    /// The key's hash, which picks its shard.
-    hash: u64,
+    /// What only its worker thread touches between turns (see [`Turn`]).
+    turn: UnsafeCell<Turn>,
+    dispatcher: Arc<DispatcherInner<K, M, H, S>>,
     key: K,
     /// The running message's future. Owned by whoever holds `RUNNING` (or
     /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
     future: UnsafeCell<Option<trace::Instrumented<H::Future>>>,
+    /// Where a suspended message's outcome goes (stored only when its
+    /// future returns `Pending`; a message finished in its first poll keeps
+    /// it on the stack).
     meta: UnsafeCell<Option<Meta<H::Output, M>>>,
-    /// What only its worker thread touches between turns (see [`Turn`]).
-    turn: UnsafeCell<Turn>,
-    dispatcher: Arc<DispatcherInner<K, M, H, S>>,
+    queue: SpinLock<VecDeque<Envelope<M, H::Output>>>,
+    /// The worker this mailbox always runs on (sticky).
+    worker: usize,
+    /// The key's hash (its submitter's).
+    hash: u64,
 }
 
 // SAFETY: the `UnsafeCell`s are only accessed by the single party that owns
@@ -454,42 +459,65 @@ where
         let Envelope { msg, reply, credit } = env;
         cx.before_start(credit);
         let handler = &this.dispatcher.handler;
-        let span = trace::MessageSpan::new(this.hash, this.worker);
+        let span = trace::MessageSpan::new(this.hash, cx.index);
         let called = catch_unwind(AssertUnwindSafe(|| {
             let _entered = span.enter();
             handler.call(&this.key, msg)
         }));
-        match called {
+        let outcome = match called {
             Ok(fut) => {
                 let fut = trace::instrument(fut, span);
                 // SAFETY: we own the turn (caller's contract).
                 unsafe {
                     this.future.with_mut(|f| ptr::write(f, Some(fut)));
-                    this.meta
-                        .with_mut(|m| ptr::write(m, Some(Meta { reply, credit })));
-                    Self::poll_current(this, cx)
+                    match Self::poll_in_place(this) {
+                        Poll::Ready(outcome) => outcome,
+                        Poll::Pending => {
+                            this.meta
+                                .with_mut(|m| ptr::write(m, Some(Meta { reply, credit })));
+                            return Step::Pending;
+                        }
+                    }
                 }
             }
-            Err(payload) => {
-                this.dispatcher.finish(
-                    &this.key,
-                    this.worker,
-                    reply,
-                    credit,
-                    Some(cx),
-                    Err(TaskError::Panicked(Panic::new(payload))),
-                );
-                Step::Done
-            }
-        }
+            Err(payload) => Err(TaskError::Panicked(Panic::new(payload))),
+        };
+        this.dispatcher
+            .finish(&this.key, cx.index, reply, credit, Some(cx), outcome);
+        Step::Done
     }
 
     /// Polls the stored future once with the mailbox's waker; on `Ready` or a
     /// panic, drops it in place and delivers the outcome.
     ///
     /// # Safety
-    /// The caller owns the mailbox's turn and a future is stored.
+    /// The caller owns the mailbox's turn; a future and its `meta` are
+    /// stored.
     unsafe fn poll_current(this: &Arc<Self>, wcx: &WorkerCx<'_>) -> Step {
+        // SAFETY: caller's contract.
+        let Poll::Ready(outcome) = (unsafe { Self::poll_in_place(this) }) else {
+            return Step::Pending;
+        };
+        // SAFETY: we own the turn.
+        let meta = unsafe { this.meta.with_mut(|m| (*m).take()) }.expect("meta is stored");
+        this.dispatcher.finish(
+            &this.key,
+            wcx.index,
+            meta.reply,
+            meta.credit,
+            Some(wcx),
+            outcome,
+        );
+        Step::Done
+    }
+
+    /// Polls the stored future once with the mailbox's waker; if it is done
+    /// (an output or a panic), drops it in place and returns the outcome.
+    ///
+    /// # Safety
+    /// The caller owns the mailbox's turn and a future is stored.
+    #[inline]
+    unsafe fn poll_in_place(this: &Arc<Self>) -> Poll<Outcome<H::Output, M>> {
         let waker = WakerRef::new(this);
         let mut cx = Context::from_waker(&waker);
         let polled = this.future.with_mut(|f| {
@@ -500,25 +528,14 @@ where
             let fut = unsafe { Pin::new_unchecked((*f).as_mut().expect("a future is stored")) };
             catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx)))
         });
-        let outcome: Outcome<H::Output, M> = match polled {
-            Ok(Poll::Pending) => return Step::Pending,
+        let outcome = match polled {
+            Ok(Poll::Pending) => return Poll::Pending,
             Ok(Poll::Ready(out)) => Ok(out),
             Err(payload) => Err(TaskError::Panicked(Panic::new(payload))),
         };
         // SAFETY: we own the turn.
-        unsafe {
-            this.drop_future();
-            let meta = this.meta.with_mut(|m| (*m).take()).expect("meta is stored");
-            this.dispatcher.finish(
-                &this.key,
-                this.worker,
-                meta.reply,
-                meta.credit,
-                Some(wcx),
-                outcome,
-            );
-        }
-        Step::Done
+        unsafe { this.drop_future() };
+        Poll::Ready(outcome)
     }
 
     /// Drops the stored future in place (it is pinned), even if its `Drop`
