@@ -51,7 +51,6 @@
 //!   the gate and rejects what is left itself. A message is either refused
 //!   with `Closed(msg)`, or run, or handed back — never lost in between.
 
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
@@ -87,10 +86,10 @@ type Keys<K, M, H, S> = HashMap<Hashed<K>, MailboxRef<K, M, H, S>, BuildHasherDe
 /// tasks run.
 #[cfg(not(loom))]
 const PORT_BATCH: usize = 64;
-/// Under loom one per turn, so that a port re-queues itself with deliveries
-/// left and the models explore that state.
+/// Under loom two per turn, so that a port re-queues itself with deliveries
+/// left (models with three or more messages to one worker explore that).
 #[cfg(loom)]
-const PORT_BATCH: usize = 1;
+const PORT_BATCH: usize = 2;
 
 /// Port states.
 const PORT_IDLE: usize = 0;
@@ -144,6 +143,80 @@ struct BucketCount {
 }
 
 // ----- keys ------------------------------------------------------------------
+
+/// The key hasher a dispatcher uses unless told otherwise
+/// ([`DispatcherBuilder::hasher`]): a fast hash (foldhash) seeded at random
+/// for each dispatcher.
+///
+/// Every message hashes its key once, on the submitting thread, so the
+/// hasher is on the hot path: std's `RandomState` (SipHash-1-3) costs about
+/// as much there as the rest of a submit. Random seeds keep keys an
+/// attacker did not see from colliding on purpose; for keys an adversary
+/// chooses *and* can probe (e.g. timing your service), give the dispatcher
+/// `std::hash::RandomState::new()` instead.
+#[derive(Clone, Debug, Default)]
+pub struct DefaultHashBuilder(foldhash::fast::RandomState);
+
+impl DefaultHashBuilder {
+    /// A builder with fresh random seeds.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl BuildHasher for DefaultHashBuilder {
+    type Hasher = DefaultHasher;
+
+    #[inline]
+    fn build_hasher(&self) -> DefaultHasher {
+        DefaultHasher(self.0.build_hasher())
+    }
+}
+
+/// The [`Hasher`] of [`DefaultHashBuilder`].
+#[derive(Clone)]
+pub struct DefaultHasher(foldhash::fast::FoldHasher<'static>);
+
+impl fmt::Debug for DefaultHasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DefaultHasher").finish_non_exhaustive()
+    }
+}
+
+impl Hasher for DefaultHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0.finish()
+    }
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.write(bytes)
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.0.write_u8(i)
+    }
+    #[inline]
+    fn write_u16(&mut self, i: u16) {
+        self.0.write_u16(i)
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.0.write_u32(i)
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.0.write_u64(i)
+    }
+    #[inline]
+    fn write_u128(&mut self, i: u128) {
+        self.0.write_u128(i)
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.0.write_usize(i)
+    }
+}
 
 /// A key with the hash its submitter computed: the port's map never calls
 /// the user's `Hash` again (only `Eq`).
@@ -903,7 +976,7 @@ impl<K, M, O> fmt::Debug for Dispatcher<K, M, O> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "a builder does nothing until `build()` is called"]
-pub struct DispatcherBuilder<'e, K, M, H, S = RandomState> {
+pub struct DispatcherBuilder<'e, K, M, H, S = DefaultHashBuilder> {
     executor: &'e KeyedExecutor,
     handler: H,
     hasher: S,
@@ -921,12 +994,12 @@ impl<K, M, H, S> fmt::Debug for DispatcherBuilder<'_, K, M, H, S> {
     }
 }
 
-impl<'e, K, M, H> DispatcherBuilder<'e, K, M, H, RandomState> {
+impl<'e, K, M, H> DispatcherBuilder<'e, K, M, H, DefaultHashBuilder> {
     pub(crate) fn new(executor: &'e KeyedExecutor, handler: H) -> Self {
         DispatcherBuilder {
             executor,
             handler,
-            hasher: RandomState::new(),
+            hasher: DefaultHashBuilder::new(),
             on_reject: None,
             on_panic: None,
             _types: PhantomData,
@@ -958,7 +1031,10 @@ where
         self
     }
 
-    /// The hasher for keys (default: `RandomState`, which resists HashDoS).
+    /// The hasher for keys (default: [`DefaultHashBuilder`], a fast hash
+    /// seeded at random per dispatcher). For keys an adversary chooses and
+    /// can probe, `std::hash::RandomState::new()` (SipHash) resists HashDoS
+    /// better, at a cost on every submit.
     /// A faster non-keyed hasher is fine when keys are not attacker-chosen.
     pub fn hasher<S2>(self, hasher: S2) -> DispatcherBuilder<'e, K, M, H, S2>
     where
