@@ -67,7 +67,7 @@ use crate::pool::credit::CreditRef;
 use crate::pool::executor::{KeyedExecutor, Shared};
 use crate::pool::handler::Handler;
 use crate::pool::inbox::Inbox;
-use crate::pool::mailbox::{Envelope, Mailbox, Offer, Retire};
+use crate::pool::mailbox::{Envelope, Mailbox, Step};
 use crate::pool::receiver::{Core, Receiver};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;
@@ -265,6 +265,155 @@ impl Hasher for PassThrough {
     }
 }
 
+/// A borrowed (hash, key) to look a key up in a port's map without owning
+/// it (`Hashed<K>: Borrow<dyn KeyProbe<K>>`).
+pub(crate) trait KeyProbe<K> {
+    fn probe(&self) -> (u64, &K);
+}
+
+impl<K> KeyProbe<K> for Hashed<K> {
+    #[inline]
+    fn probe(&self) -> (u64, &K) {
+        (self.hash, &self.key)
+    }
+}
+
+impl<K> KeyProbe<K> for (u64, &K) {
+    #[inline]
+    fn probe(&self) -> (u64, &K) {
+        (self.0, self.1)
+    }
+}
+
+impl<'a, K: 'a> std::borrow::Borrow<dyn KeyProbe<K> + 'a> for Hashed<K> {
+    #[inline]
+    fn borrow(&self) -> &(dyn KeyProbe<K> + 'a) {
+        self
+    }
+}
+
+impl<K: Eq> PartialEq for dyn KeyProbe<K> + '_ {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        let ((h1, k1), (h2, k2)) = (self.probe(), other.probe());
+        h1 == h2 && k1 == k2
+    }
+}
+
+impl<K: Eq> Eq for dyn KeyProbe<K> + '_ {}
+
+impl<K> Hash for dyn KeyProbe<K> + '_ {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.probe().0);
+    }
+}
+
+/// What a port remembers of the turns keys without a mailbox ran lately:
+/// a key's message that runs in the port's slot counts against the
+/// `throughput` of the key's turn, which is the one it ran in this very
+/// task, or in the task just before it (it only ran dry because its next
+/// messages were still in the inbox); otherwise a fresh one.
+///
+/// Two small open-addressing tables, one per parity of the worker's task
+/// number: a record made in task `t` goes to table `t & 1`, emptied (by a
+/// generation bump) when task `t` first writes to it; so table `t & 1`
+/// holds task `t`'s keys and the other one task `t - 1`'s, if that task
+/// wrote any. At most `PORT_BATCH` keys are recorded per task, so a table
+/// (of `TURN_SLOTS` slots) stays at most a quarter full and lookups are
+/// exact.
+struct Turns {
+    tables: Box<[TurnTable; 2]>,
+}
+
+struct TurnTable {
+    /// The task whose keys it holds.
+    tick: u32,
+    /// Entries of another generation are empty.
+    generation: u32,
+    slots: [TurnSlot; TURN_SLOTS],
+}
+
+#[derive(Clone, Copy, Default)]
+struct TurnSlot {
+    hash: u64,
+    spent: u32,
+    generation: u32,
+}
+
+/// Slots per [`TurnTable`] (a power of two, four times `PORT_BATCH`: a
+/// lookup of a key that is not there usually stops at its first slot).
+const TURN_SLOTS: usize = 256;
+
+const _: () = assert!(TURN_SLOTS >= 2 * PORT_BATCH && TURN_SLOTS.is_power_of_two());
+
+impl TurnTable {
+    /// The slot of `hash`, or the empty one it would go in.
+    #[inline]
+    fn find(&self, hash: u64) -> (usize, bool) {
+        let mut at = hash as usize & (TURN_SLOTS - 1);
+        loop {
+            let s = &self.slots[at];
+            if s.generation != self.generation {
+                return (at, false);
+            }
+            if s.hash == hash {
+                return (at, true);
+            }
+            at = (at + 1) & (TURN_SLOTS - 1);
+        }
+    }
+}
+
+impl Turns {
+    fn new() -> Self {
+        let table = || TurnTable {
+            tick: u32::MAX,
+            generation: 1,
+            slots: [TurnSlot::default(); TURN_SLOTS],
+        };
+        Turns {
+            tables: Box::new([table(), table()]),
+        }
+    }
+
+    /// Messages the key with `hash` ran in its current turn (`tick` is the
+    /// task running now).
+    #[inline]
+    fn spent(&self, hash: u64, tick: u32) -> u32 {
+        for t in [tick, tick.wrapping_sub(1)] {
+            let table = &self.tables[(t & 1) as usize];
+            if table.tick == t {
+                if let (at, true) = table.find(hash) {
+                    return table.slots[at].spent;
+                }
+            }
+        }
+        0
+    }
+
+    /// The key with `hash` has run `spent` messages in its turn, which
+    /// ended (or goes on) in task `tick`.
+    #[inline]
+    fn record(&mut self, hash: u64, spent: u32, tick: u32) {
+        let table = &mut self.tables[(tick & 1) as usize];
+        if table.tick != tick {
+            table.tick = tick;
+            table.generation = table.generation.wrapping_add(1);
+        }
+        let (at, _) = table.find(hash);
+        table.slots[at] = TurnSlot {
+            hash,
+            spent,
+            generation: table.generation,
+        };
+    }
+}
+
+/// Spare mailboxes a port keeps for keys that get one (a backlog, a
+/// suspended future); beyond this many, a released one is freed.
+const SPARES: usize = 32;
+
 // ----- ports -----------------------------------------------------------------
 
 /// A message on its way to its key's mailbox.
@@ -289,28 +438,43 @@ struct Port<K, M, H: Handler<K, M>, S> {
     closed: AtomicBool,
     inbox: Inbox<Delivery<K, M, H::Output>>,
     /// Held for a delivery's bookkeeping, never across a handler (so a
-    /// spin lock: one swap to take, a store to release).
-    gate: SpinLock<Gate<K, M, H, S>>,
+    /// spin lock: one swap to take, a store to release). On its own lines:
+    /// the worker takes it per delivery, submitters never touch it.
+    gate: CachePadded<SpinLock<Gate<K, M, H, S>>>,
 }
 
 /// What a port's gate guards.
 struct Gate<K, M, H: Handler<K, M>, S> {
     /// Set once a force stop emptied the port: nothing is delivered after.
     closed: bool,
-    /// The mailboxes of this worker's keys.
-    keys: Keys<K, M, H, S>,
-    /// Per bucket (allocated on the first delivery).
+    /// The mailboxes of this worker's keys that have work (a backlog, a
+    /// running turn, a suspended future). A key without a mailbox has none.
+    active: Keys<K, M, H, S>,
+    /// Per bucket.
     buckets: Box<[BucketCount]>,
+    /// The turns of keys without a mailbox (see [`Turns`]).
+    turns: Turns,
+    /// The free mailbox the port lends a message of a key without one.
+    slot: Option<MailboxRef<K, M, H, S>>,
+    /// The slot is out, running a message (for stats).
+    lent: bool,
+    /// Free mailboxes for keys that get one.
+    spares: Vec<MailboxRef<K, M, H, S>>,
 }
 
 impl<K, M, H: Handler<K, M>, S> Gate<K, M, H, S> {
     #[inline]
-    fn bucket(&mut self, b: usize, n: usize) -> &mut BucketCount {
-        if self.buckets.is_empty() {
-            self.buckets = vec![BucketCount::default(); n].into_boxed_slice();
-        }
+    fn bucket(&mut self, b: usize, _n: usize) -> &mut BucketCount {
         &mut self.buckets[b]
     }
+}
+
+/// The outcome of looking a delivery's key up in a port's map.
+enum Lookup<K, M, H: Handler<K, M>, S> {
+    /// The key has a mailbox (in the map); the key is handed back too.
+    Active(NonNull<Mailbox<K, M, H, S>>, K),
+    /// It has none: the key is handed back.
+    Absent(K),
 }
 
 /// A delivery taken out of an inbox or map by a force stop.
@@ -417,46 +581,122 @@ where
         Ok(())
     }
 
-    /// The mailbox of `key` in this port's map, made if it has none (its
-    /// pointer, valid while it is in the map: under the gate). `Err` if
-    /// the key's `Eq`, `Clone` or `Drop` panicked (user code).
-    fn mailbox_for(
-        this: &Arc<Self>,
-        gate: &mut Gate<K, M, H, S>,
-        b: usize,
+    /// Looks a delivery's key up among the port's active mailboxes (the
+    /// gate held). `Err` if the key's `Eq` panicked (user code).
+    #[inline]
+    fn lookup(
+        gate: &Gate<K, M, H, S>,
         hash: u64,
         key: K,
-        worker: usize,
-    ) -> Result<NonNull<Mailbox<K, M, H, S>>, Panic> {
-        use std::collections::hash_map::Entry;
-        fn ptr<T>(m: &Arc<T>) -> NonNull<T> {
-            // From `Arc::as_ptr`: the pointer keeps the provenance of the
-            // whole allocation, which `arc_clone_raw` needs to reach the
-            // reference counts (Miri's Stacked Borrows rejects a pointer
-            // derived from a `&T`).
-            // SAFETY: an `Arc`'s pointer is never null.
-            unsafe { NonNull::new_unchecked(Arc::as_ptr(m).cast_mut()) }
+    ) -> Result<Lookup<K, M, H, S>, (K, Panic)> {
+        if gate.active.is_empty() {
+            return Ok(Lookup::Absent(key));
         }
-        let keys = &mut gate.keys;
         let found = catch_unwind(AssertUnwindSafe(|| {
-            match keys.entry(Hashed { hash, key }) {
-                Entry::Occupied(e) => (ptr(e.get()), false),
-                Entry::Vacant(e) => {
-                    let key = e.key().key.clone();
-                    let m = e.insert(Arc::new(Mailbox::new(key, hash, worker, this.clone())));
-                    (ptr(m), true)
-                }
-            }
+            gate.active
+                .get(&(hash, &key) as &dyn KeyProbe<K>)
+                .map(|m| mailbox_ptr(m))
         }));
         match found {
-            Ok((m, created)) => {
-                if created {
-                    gate.bucket(b, this.routes.len()).live += 1;
-                }
-                Ok(m)
+            Ok(Some(m)) => Ok(Lookup::Active(m, key)),
+            Ok(None) => Ok(Lookup::Absent(key)),
+            Err(payload) => Err((key, Panic::new(payload))),
+        }
+    }
+
+    /// A free mailbox for this port: a spare, or a new one.
+    fn spare(
+        this: &Arc<Self>,
+        gate: &mut Gate<K, M, H, S>,
+        worker: usize,
+    ) -> MailboxRef<K, M, H, S> {
+        gate.spares
+            .pop()
+            .unwrap_or_else(|| Arc::new(Mailbox::new(worker, this.clone())))
+    }
+
+    /// Puts `mailbox` (assigned to its key, not yet in the map) into the
+    /// port's map. `Err` (the mailbox back) if the key's `Clone` or `Eq`
+    /// panicked.
+    fn activate(
+        &self,
+        gate: &mut Gate<K, M, H, S>,
+        b: usize,
+        mailbox: &MailboxRef<K, M, H, S>,
+    ) -> Result<(), Panic> {
+        // SAFETY: under the gate, the mailbox is ours and has a key.
+        let (hash, key) = unsafe { (mailbox.hash(), mailbox.key()) };
+        let active = &mut gate.active;
+        let inserted = catch_unwind(AssertUnwindSafe(|| {
+            active.insert(
+                Hashed {
+                    hash,
+                    key: key.clone(),
+                },
+                mailbox.clone(),
+            )
+        }));
+        match inserted {
+            Ok(old) => {
+                debug_assert!(old.is_none(), "a key got a second mailbox");
+                gate.bucket(b, self.routes.len()).live += 1;
+                Ok(())
             }
             Err(payload) => Err(Panic::new(payload)),
         }
+    }
+
+    /// A mailbox's runner found its queue empty (see `Mailbox::turn`):
+    /// under the port's gate, if it still is, the mailbox leaves the map and
+    /// goes back to the port's spares (`None`); a message that arrived
+    /// meanwhile keeps it (`Some`, go on).
+    pub(crate) fn drained(
+        mailbox: &MailboxRef<K, M, H, S>,
+        cx: &WorkerCx<'_>,
+        spent: usize,
+    ) -> bool {
+        let this = &mailbox.dispatcher_ref();
+        let port = &this.ports[cx.index];
+        let mut gate = port.gate.lock();
+        // SAFETY: we own the turn and hold the gate.
+        if !unsafe { mailbox.still_empty() } {
+            return false;
+        }
+        if gate.closed || this.shared.is_forced() {
+            // A force stop took (or takes) the map: it hands back the rest.
+            // SAFETY: as above.
+            let _ = unsafe { mailbox.release(true) };
+            return true;
+        }
+        // SAFETY: as above: a mailbox in the map has a key.
+        let (hash, b) = unsafe { (mailbox.hash(), this.bucket_of(mailbox.hash())) };
+        let active = &mut gate.active;
+        // `Eq` is user code: if it panics, or is not reflexive, the
+        // mailbox stays in the map, closed; nothing is queued in it, and a
+        // delivery that finds it fails its message.
+        let removed = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: as above.
+            let key = unsafe { mailbox.key() };
+            active.remove(&(hash, key) as &dyn KeyProbe<K>).is_some()
+        }));
+        if !matches!(removed, Ok(true)) {
+            // SAFETY: as above.
+            let _ = unsafe { mailbox.release(true) };
+            return true;
+        }
+        gate.bucket(b, this.routes.len()).live -= 1;
+        gate.turns
+            .record(hash, spent.min(u32::MAX as usize) as u32, cx.tick());
+        // SAFETY: as above: the queue is empty, no future is stored.
+        let key = unsafe { mailbox.release(false) };
+        if gate.spares.len() < SPARES {
+            gate.spares.push(mailbox.clone());
+        }
+        drop(gate);
+        // The key's `Drop` is user code, out of the gate.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+        this.maybe_deregister();
+        true
     }
 
     /// A message whose key's `Eq`/`Clone` panicked in a port: it fails as
@@ -485,15 +725,17 @@ where
     }
 
     /// The port's turn on `cx`'s worker: take up to `PORT_BATCH` deliveries
-    /// in order and offer each to its key's mailbox (see the module docs).
+    /// in order (see the module docs and `mailbox.rs`).
     fn run_port(this: Arc<Self>, cx: &WorkerCx<'_>) {
         let port = &this.ports[cx.index];
         port.state.store(PORT_RUNNING, SeqCst);
         cx.port_turn(true);
         let n = this.routes.len();
+        let throughput = this.shared.config.throughput as u32;
+        let tick = cx.tick();
         let mut more = true;
+        let mut gate = port.gate.lock();
         for _ in 0..PORT_BATCH {
-            let mut gate = port.gate.lock();
             if gate.closed {
                 more = false;
                 break;
@@ -506,30 +748,99 @@ where
             let b = this.bucket_of(hash);
             let count = gate.bucket(b, n);
             count.received = count.received.wrapping_add(1);
-            let mailbox = match Self::mailbox_for(&this, &mut gate, b, hash, key, cx.index) {
-                Ok(m) => m,
-                Err(p) => {
+            let key = match Self::lookup(&gate, hash, key) {
+                Ok(Lookup::Active(m, key)) => {
+                    // SAFETY: in the map, under the gate.
+                    if let Err(env) = unsafe { m.as_ref() }.deliver(env) {
+                        // Closed (a force stop under way, or a key whose
+                        // `Eq` failed it): handed back.
+                        drop(gate);
+                        this.reject(&key, env);
+                        gate = port.gate.lock();
+                    }
+                    continue;
+                }
+                Ok(Lookup::Absent(key)) => key,
+                Err((key, p)) => {
                     drop(gate);
                     this.fail_unkeyed(env, p);
+                    drop(key);
+                    gate = port.gate.lock();
                     continue;
                 }
             };
-            // SAFETY: on the mailbox's worker, in its port's turn, gate held
-            // and open; the map keeps the mailbox alive.
-            match unsafe { Mailbox::offer(mailbox, env, cx) } {
-                Offer::Inline(own, env) => {
-                    // Not under the gate: a long handler must not hold up a
-                    // stop (which takes the gate).
-                    drop(gate);
-                    Mailbox::run_inline(own, env, cx);
+            // The key has no mailbox: nothing of it waits or runs.
+            let spent = gate.turns.spent(hash, tick);
+            if spent < throughput && !this.shared.is_forced() {
+                // Run it now, in the port's slot, with the gate released (a
+                // long handler must not hold up a stop, which takes it).
+                let slot = match gate.slot.take() {
+                    Some(slot) => slot,
+                    None => Self::spare(&this, &mut gate, cx.index),
+                };
+                // SAFETY: the slot is free and we hold the gate.
+                unsafe {
+                    slot.assign(key, hash);
+                    slot.lend();
                 }
-                Offer::Queued(Some(task)) => {
-                    drop(gate);
-                    cx.requeue_local(task);
+                gate.lent = true;
+                drop(gate);
+                // SAFETY: the slot is ours (`RUNNING`), with a key, no future.
+                let step = unsafe { Mailbox::start(&slot, env, cx) };
+                gate = port.gate.lock();
+                gate.lent = false;
+                match step {
+                    Step::Done => {
+                        gate.turns.record(hash, spent + 1, tick);
+                        // SAFETY: ours, under the gate, finished.
+                        let key = unsafe { slot.release(false) };
+                        gate.slot = Some(slot);
+                        if std::mem::needs_drop::<K>() {
+                            drop(gate);
+                            let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+                            gate = port.gate.lock();
+                        }
+                    }
+                    Step::Pending => {
+                        // The slot becomes the key's mailbox. (After a force
+                        // stop emptied the port, the runner cancels it.)
+                        if !gate.closed {
+                            if let Err(p) = this.activate(&mut gate, b, &slot) {
+                                drop(gate);
+                                this.stray_pending(slot, p, cx);
+                                gate = port.gate.lock();
+                                continue;
+                            }
+                        }
+                        drop(gate);
+                        Mailbox::after_pending(slot, cx);
+                        gate = port.gate.lock();
+                    }
                 }
-                Offer::Queued(None) => {}
+            } else {
+                // Its turn is spent (or a force stop began): it gets a
+                // mailbox with this message queued, at the back of the
+                // worker's queue, as a mailbox that used up its turn goes.
+                let m = Self::spare(&this, &mut gate, cx.index);
+                // SAFETY: free, under the gate.
+                unsafe { m.assign(key, hash) };
+                if let Err(p) = this.activate(&mut gate, b, &m) {
+                    // SAFETY: free, under the gate.
+                    let key = unsafe { m.take_key() };
+                    drop(gate);
+                    this.fail_unkeyed(env, p);
+                    let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+                    gate = port.gate.lock();
+                    continue;
+                }
+                // SAFETY: free, assigned, under the gate.
+                unsafe { m.schedule_with(env) };
+                drop(gate);
+                cx.requeue_local(Task::new(m));
+                gate = port.gate.lock();
             }
         }
+        drop(gate);
         if more {
             more = !port.inbox.is_empty();
         }
@@ -560,76 +871,32 @@ where
                     .is_ok()
             {
                 cx.push_local(Task::new(this));
+                return;
             }
+        }
+        if this.handles.load(Acquire) == 0 {
+            this.maybe_deregister();
         }
     }
 
-    /// The worker of an idle `mailbox` retires it: under its port's gate, if
-    /// it is still idle and in the map, close it and remove it; a bucket left
-    /// with no mailbox and no delivery in flight is un-placed.
-    pub(crate) fn retire(&self, mailbox: &MailboxRef<K, M, H, S>, worker: usize) -> Retire {
-        let port = &self.ports[worker];
-        let mut gate = port.gate.lock();
-        let mut outcome = Retire::Busy;
-        let b = self.bucket_of(mailbox.hash());
-        // `Eq` is user code: a panic here must not kill the worker. If it
-        // does, the mailbox stays (idle) in the map.
-        let removed = catch_unwind(AssertUnwindSafe(|| {
-            let probe = Hashed {
-                hash: mailbox.hash(),
-                key: mailbox.key().clone(),
-            };
-            match gate.keys.get(&probe) {
-                Some(m) if Arc::ptr_eq(m, mailbox) => {
-                    if mailbox.is_idle() {
-                        gate.keys.remove(&probe);
-                        true
-                    } else {
-                        false
-                    }
-                }
-                // Not findable: taken by a force stop, or a key whose `Eq`
-                // is not reflexive (then no delivery can reach it).
-                _ => {
-                    if mailbox.close_if_idle() {
-                        outcome = Retire::Retired;
-                    }
-                    false
-                }
-            }
-        }));
-        if let Ok(true) = removed {
-            let closed = mailbox.close_if_idle();
-            debug_assert!(closed, "an idle mailbox in the map changed under the gate");
-            if closed {
-                outcome = Retire::Retired;
-            }
-            let n = self.routes.len();
-            let count = gate.bucket(b, n);
-            count.live -= 1;
-            if count.live == 0 {
-                let received = count.received;
-                // Un-place the bucket if every message sent to it arrived
-                // here (the CAS fails if a submitter sent meanwhile).
-                let placed = route_word(worker as u64, received);
-                if self.routes[b]
-                    .compare_exchange(placed, route_word(UNPLACED, 0), SeqCst, Relaxed)
-                    .is_ok()
-                {
-                    gate.bucket(b, n).received = 0;
-                }
-            }
-            // Give memory back once most keys went quiet.
-            let len = gate.keys.len();
-            if gate.keys.capacity() > 64 && len * 4 < gate.keys.capacity() {
-                gate.keys.shrink_to(len * 2);
-            }
-        }
-        drop(gate);
-        if matches!(outcome, Retire::Retired) && self.handles.load(Acquire) == 0 {
+    /// A suspended future whose key could not be put in the map (its
+    /// `Clone` or `Eq` panicked): nothing could deliver its key's next
+    /// messages to it, so it is cancelled here, its message failed.
+    #[cold]
+    fn stray_pending(&self, slot: MailboxRef<K, M, H, S>, _panic: Panic, cx: &WorkerCx<'_>) {
+        let _ = cx;
+        // SAFETY: the slot is still ours (`RUNNING`, not in the map).
+        unsafe { slot.cancel_current() };
+        slot.close();
+    }
+
+    /// With no handle left, the dispatcher leaves the executor's registry
+    /// once nothing of it is in flight, freeing its spare mailboxes (which
+    /// hold it).
+    pub(crate) fn maybe_deregister(&self) {
+        if self.handles.load(Acquire) == 0 {
             self.shared.deregister_if_idle(self.id);
         }
-        outcome
     }
 
     /// Delivers a finished message's outcome and returns its credit.
@@ -667,13 +934,15 @@ where
             None => {
                 // The hook and the drop of the output (or of the panic's
                 // payload) are user code: contain them, here on the worker.
-                let _ = catch_unwind(AssertUnwindSafe(move || {
-                    if let Err(TaskError::Panicked(p)) = outcome {
-                        if let Some(hook) = &self.on_panic {
-                            hook(key, p);
+                if outcome.is_err() || std::mem::needs_drop::<H::Output>() {
+                    let _ = catch_unwind(AssertUnwindSafe(move || {
+                        if let Err(TaskError::Panicked(p)) = outcome {
+                            if let Some(hook) = &self.on_panic {
+                                hook(key, p);
+                            }
                         }
-                    }
-                }));
+                    }));
+                }
                 // Nobody watches a fire-and-forget message finish: its unit
                 // may come back in a small batch (see `WorkerCx::pending`).
                 match cx {
@@ -719,21 +988,41 @@ where
         }
     }
 
-    /// (mailboxes with work, idle mailboxes kept for reuse, map entries).
+    /// (keys with work in a mailbox, free mailboxes kept for reuse, map
+    /// entries plus slots out running).
     fn count_mailboxes(&self) -> (usize, usize, usize) {
-        let (mut live, mut idle, mut all) = (0, 0, 0);
+        let (mut live, mut free, mut all) = (0, 0, 0);
         for port in self.ports.iter() {
             let gate = port.gate.lock();
-            all += gate.keys.len();
-            for m in gate.keys.values() {
-                if m.is_at_rest() {
-                    idle += usize::from(!m.is_closed());
-                } else {
-                    live += 1;
-                }
-            }
+            let lent = usize::from(gate.lent);
+            all += gate.active.len() + lent;
+            live += gate.active.values().filter(|m| !m.is_closed()).count() + lent;
+            free += gate.spares.len() + usize::from(gate.slot.is_some());
         }
-        (live, idle, all)
+        (live, free, all)
+    }
+
+    /// Whether nothing of this dispatcher is in flight: no mailbox, no slot
+    /// out, nothing in an inbox.
+    fn is_quiet(&self) -> bool {
+        self.ports.iter().all(|port| {
+            let gate = port.gate.lock();
+            gate.active.is_empty() && !gate.lent && port.inbox.is_empty()
+        })
+    }
+
+    /// Frees the ports' slots and spare mailboxes (each holds the
+    /// dispatcher: a cycle until this). Only once nothing is in flight.
+    fn release_spares(&self) {
+        for port in self.ports.iter() {
+            let freed: Vec<MailboxRef<K, M, H, S>> = {
+                let mut gate = port.gate.lock();
+                let mut freed = std::mem::take(&mut gate.spares);
+                freed.extend(gate.slot.take());
+                freed
+            };
+            drop(freed);
+        }
     }
 
     /// Force stop, on the stopping thread (see the module docs).
@@ -752,7 +1041,7 @@ where
                 let mut out: Vec<_> = std::iter::from_fn(|| unsafe { port.inbox.pop() })
                     .map(Stopped::Delivery)
                     .collect();
-                out.extend(gate.keys.drain().map(|(_, m)| Stopped::Mailbox(m)));
+                out.extend(gate.active.drain().map(|(_, m)| Stopped::Mailbox(m)));
                 out
             };
             for s in stopped {
@@ -767,6 +1056,16 @@ where
         }
         n
     }
+}
+
+/// A mailbox's pointer from its `Arc` (`Arc::as_ptr` keeps the provenance
+/// of the whole allocation, which `arc_clone_raw` needs).
+#[inline]
+fn mailbox_ptr<K, M, H: Handler<K, M>, S>(
+    m: &MailboxRef<K, M, H, S>,
+) -> NonNull<Mailbox<K, M, H, S>> {
+    // SAFETY: an `Arc`'s pointer is never null.
+    unsafe { NonNull::new_unchecked(Arc::as_ptr(m).cast_mut()) }
 }
 
 impl<K, M, H, S> Runnable for DispatcherInner<K, M, H, S>
@@ -796,6 +1095,10 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     fn count_mailboxes(&self) -> (usize, usize, usize);
     /// Messages in worker `worker`'s inbox of this dispatcher.
     fn inbox_len(&self, worker: usize) -> usize;
+    /// Nothing of the dispatcher is in flight (see `is_quiet`).
+    fn is_quiet(&self) -> bool;
+    /// Frees its spare mailboxes (it is leaving the registry).
+    fn release_spares(&self);
     fn id(&self) -> u64;
     fn clone_box(&self) -> Box<dyn StopTarget>;
 }
@@ -819,6 +1122,14 @@ where
 
     fn inbox_len(&self, worker: usize) -> usize {
         self.0.ports[worker].inbox.len()
+    }
+
+    fn is_quiet(&self) -> bool {
+        self.0.is_quiet()
+    }
+
+    fn release_spares(&self) {
+        self.0.release_spares()
     }
 
     fn id(&self) -> u64 {
@@ -1067,11 +1378,15 @@ where
                         state: AtomicUsize::new(PORT_IDLE),
                         closed: AtomicBool::new(false),
                         inbox: Inbox::new(),
-                        gate: SpinLock::new(Gate {
+                        gate: CachePadded::new(SpinLock::new(Gate {
                             closed: false,
-                            keys: HashMap::default(),
-                            buckets: Box::new([]),
-                        }),
+                            active: HashMap::default(),
+                            buckets: vec![BucketCount::default(); buckets].into_boxed_slice(),
+                            turns: Turns::new(),
+                            slot: None,
+                            lent: false,
+                            spares: Vec::new(),
+                        })),
                     })
                 })
                 .collect(),

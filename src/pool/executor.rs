@@ -270,6 +270,9 @@ impl Shared {
                 reg.sealed = true;
                 std::mem::take(&mut reg.targets)
             };
+            for t in &targets {
+                t.release_spares();
+            }
             drop(targets);
         }
     }
@@ -313,21 +316,19 @@ impl Shared {
         reg.targets.push(target);
     }
 
-    /// Drops the registration of a dispatcher nobody holds once it has no
-    /// live mailbox.
+    /// Drops the registration of a dispatcher nobody holds once nothing of
+    /// it is in flight (its spare mailboxes, which hold it, are freed).
     pub(crate) fn deregister_if_idle(&self, id: u64) {
         let removed = {
             let mut reg = self.registry.lock();
             match reg.targets.iter().position(|t| t.id() == id) {
-                // Only once its map is empty: an idle mailbox still in the
-                // map holds the dispatcher (it is retired by its worker).
-                Some(i) if reg.targets[i].count_mailboxes().2 == 0 => {
-                    Some(reg.targets.swap_remove(i))
-                }
+                Some(i) if reg.targets[i].is_quiet() => Some(reg.targets.swap_remove(i)),
                 _ => None,
             }
         };
-        drop(removed);
+        if let Some(t) = removed {
+            t.release_spares();
+        }
     }
 
     fn stats(&self) -> ExecutorStats {

@@ -89,7 +89,7 @@ pub struct Inbox<T, const CAP: usize = BLOCK_CAP> {
     /// A block the consumer finished with, for the next producer that needs
     /// one: a producer allocating what a consumer on another thread frees
     /// makes the allocator hand out fresh pages again and again.
-    spare: AtomicPtr<Block<T, CAP>>,
+    spare: CachePadded<AtomicPtr<Block<T, CAP>>>,
 }
 
 // SAFETY: values move from producers to the consumer (`T: Send`); the
@@ -116,7 +116,7 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
                 index: AtomicUsize::new(0),
                 block: AtomicPtr::new(first),
             }),
-            spare: AtomicPtr::new(ptr::null_mut()),
+            spare: CachePadded::new(AtomicPtr::new(ptr::null_mut())),
         }
     }
 
@@ -132,6 +132,7 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
 
     /// Appends `value` (any thread).
     #[allow(unreachable_pub)]
+    #[inline]
     pub fn push(&self, value: T) {
         let mut spare: Option<*mut Block<T, CAP>> = None;
         let mut index = self.tail.index.load(Acquire);
@@ -211,6 +212,7 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
     /// its accesses ordered after the previous consumer's (the gate's lock
     /// hand-over does that).
     #[allow(unreachable_pub)]
+    #[inline]
     pub unsafe fn pop(&self) -> Option<T> {
         let index = self.head.index.load(Relaxed);
         let offset = index % Self::LAP;

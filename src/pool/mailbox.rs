@@ -1,90 +1,95 @@
-//! The mailbox of one key: its queue of messages, the future of the message
-//! it is running, and the state machine that makes "one at a time, in arrival
-//! order, nothing lost" hold under every interleaving of submit, wake, panic,
-//! retirement and stop.
+//! Mailboxes: what a key has while it has work waiting — its queue of
+//! messages, the future of the message it is running — and the state
+//! machine that makes "one at a time, in arrival order, nothing lost" hold
+//! under every interleaving of delivery, wake, panic, stop and reuse.
+//!
+//! A key has a mailbox only while it has a backlog or a suspended future.
+//! A message for a key with neither runs at once in its port's turn, in
+//! the port's *slot*: a free mailbox that the port lends to one message at
+//! a time (see `dispatcher.rs`). If that message's future completes in its
+//! first poll, the slot is free again for the next message and the key
+//! never had any state of its own; if it returns `Pending`, the slot becomes
+//! the key's mailbox (the port puts it in its map of active keys and takes
+//! a new slot). A mailbox whose queue runs dry, with no future left, leaves
+//! the map and goes back to its port's spares, to be lent again.
 //!
 //! # State machine
 //!
-//! `state` holds one of five states plus a flag; every transition is a single
-//! read-modify-write — also the runner's own writes out of `RUNNING`, which
-//! race a waker's CAS setting `NOTIFIED`: as a swap, the write is ordered
-//! after that CAS or makes it fail, and loom (which models a plain store
-//! racing a CAS too loosely: a later RMW could read the CAS's value over the
-//! store) checks exactly this code.
+//! `state` holds one of five states plus a flag; every transition by a
+//! party other than the owner is a single read-modify-write.
 //!
-//! - `SCHEDULED`: the mailbox is in its worker's queue, exactly once. Nobody
-//!   runs it. Made by: the submitter that creates the mailbox or finds it
-//!   `IDLE`, a waker (from `SUSPENDED`), or the runner re-queuing itself
-//!   (throughput spent, or woken during its poll).
-//! - `RUNNING`: its worker runs a turn. Only the runner touches `future` and
-//!   `meta`. Made by: the worker that popped it (`SCHEDULED` → `RUNNING`,
-//!   clearing `NOTIFIED`).
-//! - `SUSPENDED`: the current message's future returned `Pending`; no worker
-//!   holds the mailbox. Made by: the runner. Left by: a waker (→ `SCHEDULED`,
-//!   and it pushes the mailbox on its worker's queue) or a force stop that
-//!   claims it (→ `CLOSED`, and it drops the future).
-//! - `IDLE`: no message, no future, not queued, still in the dispatcher's map
-//!   and in its worker's idle list, so the key's next message reuses it
-//!   without allocating. Made by: the runner, under the queue lock, when it
-//!   finds the queue empty. Left by: a submitter (→ `SCHEDULED`, under the
-//!   queue lock after pushing), or the worker retiring it (→ `CLOSED`, under
-//!   the shard lock, removing it from the map) once it has had nothing to do
-//!   for `IDLE_RETIRE_AFTER` or keeps too many idle mailboxes, or a force
-//!   stop (→ `CLOSED`).
-//! - `CLOSED`: terminal. The mailbox was removed from its dispatcher's map
-//!   (retired) or stopped by a force stop. Wakes are ignored.
-//! - `NOTIFIED` (flag, with `SCHEDULED` or `RUNNING`): a wake arrived while the
-//!   mailbox was queued or running. If the runner's poll then returns
-//!   `Pending`, it re-queues the mailbox (`SCHEDULED`) instead of suspending,
-//!   so the future is polled once more: a wake during a poll is never lost,
-//!   and since only the `SUSPENDED`/`IDLE` → `SCHEDULED` edges push (each
-//!   made by exactly one CAS), never scheduled twice. Wakes on `IDLE` or
-//!   `CLOSED` come from wakers of finished messages and do nothing.
+//! - `FREE`: no key's work: a port's slot between messages, or one of its
+//!   spares. Only the port's gate holder touches it. Made by: a runner
+//!   whose message completed in its slot, or whose queue ran dry (under the
+//!   gate, leaving the map). Left by: the port lending it (→ `RUNNING`,
+//!   under the gate) or giving it a queued message (→ `SCHEDULED`).
+//! - `SCHEDULED`: in its worker's queue (at least once; a stale entry from
+//!   before a force stop finds it `CLOSED`). Nobody runs it. Made by: the
+//!   port (a key whose turn was spent gets a mailbox with its message), a
+//!   waker (from `SUSPENDED`), or the runner re-queuing itself (throughput
+//!   spent, or woken during its poll).
+//! - `RUNNING`: its worker runs a step. Only the runner touches `future`,
+//!   `meta` and `key`. Made by: the worker that popped it (`SCHEDULED` →
+//!   `RUNNING`, clearing `NOTIFIED`), or the port lending its slot.
+//! - `SUSPENDED`: the current message's future returned `Pending`; no
+//!   worker holds the mailbox, which is in its port's map. Made by: the
+//!   runner. Left by: a waker (→ `SCHEDULED`, and it pushes the mailbox on
+//!   its worker's queue) or a force stop that claims it (→ `CLOSED`, and it
+//!   drops the future).
+//! - `CLOSED`: terminal. A force stop took the mailbox (or the runner saw the
+//!   stop). Wakes are ignored.
+//! - `NOTIFIED` (flag, with `SCHEDULED` or `RUNNING`): a wake arrived while
+//!   the mailbox was queued or running. If the runner's poll then returns
+//!   `Pending`, it re-queues the mailbox instead of suspending, so the
+//!   future is polled once more: a wake during a poll is never lost, and
+//!   since only the `SUSPENDED` → `SCHEDULED` edge pushes from a waker (one
+//!   CAS), never scheduled twice. Wakes on `FREE` or `CLOSED` come from
+//!   wakers of finished messages (a mailbox is reused) and do nothing; a
+//!   stale waker of a reused mailbox may at worst cost its new key one
+//!   spurious poll, which futures tolerate.
 //!
 //! ```text
-//!            create (submitter)          push into IDLE (submitter)
-//!                   |                  +---------------------------- IDLE <--+
-//!                   v                  v                              |      |
-//!   +-------->  SCHEDULED  ---- pop (worker) ---->  RUNNING  -- queue empty --+
-//!   |               ^                              |  |   \                  |
-//!   |  wake         |  throughput spent, or        |  |    force stop seen   | retire (worker, shard lock)
-//!   |               +--- Pending + NOTIFIED -------+  |    between messages  | or force stop
-//!   |                                                 | Pending    |         v
-//!   +------------------  SUSPENDED  <-----------------+            +----> CLOSED
-//!                            |                                             ^
-//!                            +----------- force stop claims it ------------+
+//!          lend (port, gate)                 queue a spent key's message (port)
+//!   FREE ------------------> RUNNING <-- pop --- SCHEDULED <-------------------- FREE
+//!    ^  ^   completed in slot  |  |  \                ^  ^
+//!    |  +---------------------+   |   \ throughput    |  | wake
+//!    |                            |    \ spent, or    |  |
+//!    |  queue dry (gate, leaves   |     +-- Pending --+  |
+//!    |  the map)                  |       + NOTIFIED     |
+//!    +----------------------------+                      |
+//!                                 | Pending              |
+//!                                 v                      |
+//!                             SUSPENDED -----------------+
+//!   (any of them) -- force stop claims it / runner sees the stop --> CLOSED
 //! ```
 //!
-//! # Messages and removal
+//! # Messages
 //!
-//! Messages reach a mailbox through its worker's port (see `dispatcher.rs`):
-//! only the mailbox's own worker pushes them (`deliver`), under the queue
-//! lock, counting them in `received`. The runner goes `IDLE` only under that
-//! lock after seeing the queue empty, and `deliver` checks for `IDLE` under
-//! it after pushing: a message is either found by the runner or revives the
-//! idle mailbox. An idle mailbox is retired (its pin removed, `IDLE` →
-//! `CLOSED`) only under its key's shard lock and only when the pin's `sent`
-//! equals `received`, i.e. no delivery of it is still in flight: the
-//! remove-vs-submit race cannot lose a message.
+//! Messages reach a mailbox only through its port, under the port's gate
+//! (`deliver`, into the queue, under the queue's lock). The runner pops
+//! under the queue's lock; when it finds the queue empty it takes the
+//! port's gate and looks again: still empty, it leaves the map and goes
+//! `FREE` under the gate, so a delivery either finds the mailbox in the map
+//! (and the runner sees the message) or finds no mailbox and runs the
+//! message itself. A mailbox in the map is never `FREE`.
 //!
 //! # Force stop
 //!
-//! The stopping thread sets `FORCED`, empties every port inbox, then walks
-//! every pin: it takes each mailbox out, rejects its queued messages on its
-//! own thread, and claims the mailbox unless its worker is running it:
-//! `SUSPENDED`, `SCHEDULED` (the popped task then finds it `CLOSED` and is
-//! dropped) or `IDLE` → `CLOSED`, dropping a pending future as cancelled. A
-//! runner checks `FORCED` under the queue lock before starting each message,
-//! so no message starts after the walk took the queue; a running step
-//! finishes, and if its future is still pending it is cancelled by the
-//! runner.
+//! The stopping thread sets `FORCED`, then for each port takes the gate,
+//! rejects its inbox and takes every mailbox out of the map; then, on its
+//! own thread, hands back each one's queue and claims it unless its worker
+//! is running it: `SUSPENDED` or `SCHEDULED` → `CLOSED`, dropping a pending
+//! future as cancelled. A runner checks `FORCED` under the queue's lock
+//! before starting each message, so no message starts after the stop took
+//! the queue; a running step finishes, and if its future is still pending
+//! it is cancelled by the runner.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::hash::Hash;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::ptr::{self, NonNull};
+use std::ptr;
 use std::task::{Context, Poll};
 
 use crate::completion::{Outcome, Slot};
@@ -96,14 +101,14 @@ use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
-use crate::sync::{arc_clone_raw, overwrite, Arc, SpinLock, UnsafeCell};
+use crate::sync::{overwrite, Arc, SpinLock, UnsafeCell};
 use crate::trace;
 
 const SCHEDULED: usize = 1;
 const RUNNING: usize = 2;
 const SUSPENDED: usize = 3;
 const CLOSED: usize = 4;
-const IDLE: usize = 5;
+const FREE: usize = 5;
 const STATE_MASK: usize = 0b111;
 const NOTIFIED: usize = 0b1000;
 
@@ -124,18 +129,18 @@ struct Meta<O, M> {
 
 /// What a step of the current message ended with.
 #[must_use]
-enum Step {
+pub(crate) enum Step {
     /// The message finished (output or panic) and was delivered.
     Done,
-    /// Its future returned `Pending`.
+    /// Its future returned `Pending` (its outcome is kept in `meta`).
     Pending,
 }
 
 /// What the runner found when it asked for the next message.
 enum Next<M, O> {
     Message(Envelope<M, O>),
-    /// The queue was empty: the mailbox went `RUNNING` → `IDLE`.
-    Idle,
+    /// The queue was empty.
+    Empty,
     Forced,
 }
 
@@ -148,48 +153,18 @@ enum AfterPending {
     Requeued,
 }
 
-/// What a port turn does with a delivery (see [`Mailbox::offer`]).
-#[must_use]
-pub(crate) enum Offer<K, M, H: Handler<K, M>, S> {
-    /// The mailbox was idle with budget left in its turn: it is now
-    /// `RUNNING`, and the caller runs the message with
-    /// [`Mailbox::run_inline`] (after releasing the port's gate), handing
-    /// over the reference taken for it.
-    Inline(Arc<Mailbox<K, M, H, S>>, Envelope<M, H::Output>),
-    /// Delivered into the mailbox's queue. `Some` if this revived the idle
-    /// mailbox (its turn was spent): the caller queues the task at the back.
-    Queued(Option<Task>),
-}
-
-/// A mailbox's bookkeeping between turns. Only its worker thread touches
-/// it; 8 bytes, in what used to be the padding after a flag.
-#[derive(Default, Clone, Copy)]
-struct Turn {
-    /// Whether the mailbox is in its worker's idle list.
-    listed: bool,
-    /// The worker's tick (low 16 bits) when the last turn ran dry.
-    idle_tick: u16,
-    /// Messages that turn had run; the next turn counts them against
-    /// `throughput` if the very next task revived the mailbox at the front
-    /// of the queue (see `Mailbox::revived`), else starts afresh.
-    spent: u32,
-}
-
 // `repr(C)`, hot fields first: a message that completes in its first poll
-// touches `state`, `parked`, `turn`, `dispatcher`, `key` and `future`, which
-// share the first cache line with the `Arc`'s counts (for small keys and
-// futures); the queue, the suspended message's `meta` and the rest follow.
+// touches `state`, `dispatcher`, `key` and `future`, which share the first
+// cache line with the `Arc`'s counts (for small keys and futures); the
+// queue and a suspended message's `meta` follow.
 #[repr(C)]
 pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
-    /// The reference an idle mailbox keeps to itself for its next turn, so
-    /// reviving it costs no reference-count traffic. Only its worker thread
-    /// touches it; dropped when the mailbox is retired or closed.
-    parked: UnsafeCell<Option<Arc<Self>>>,
-    /// What only its worker thread touches between turns (see [`Turn`]).
-    turn: UnsafeCell<Turn>,
     dispatcher: Arc<DispatcherInner<K, M, H, S>>,
-    key: K,
+    /// The key it serves (`None` while `FREE`). Written by the port under
+    /// its gate while the mailbox is `FREE`; read by the runner, the gate
+    /// holder and a force stop that claimed it.
+    key: UnsafeCell<Option<K>>,
     /// The running message's future. Owned by whoever holds `RUNNING` (or
     /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
     future: UnsafeCell<Option<trace::Instrumented<H::Future>>>,
@@ -198,17 +173,17 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     /// it on the stack).
     meta: UnsafeCell<Option<Meta<H::Output, M>>>,
     queue: SpinLock<VecDeque<Envelope<M, H::Output>>>,
-    /// The worker this mailbox always runs on (sticky).
+    /// The key's hash (its submitter's); written with `key`.
+    hash: UnsafeCell<u64>,
+    /// The worker whose port lends this mailbox (sticky).
     worker: usize,
-    /// The key's hash (its submitter's).
-    hash: u64,
 }
 
 // SAFETY: the `UnsafeCell`s are only accessed by the single party that owns
-// the mailbox's turn (the state machine above hands that ownership over with
-// AcqRel read-modify-writes), or, for `parked` and `turn`, only by the
-// mailbox's worker thread; everything else is `Sync` on its own. The
-// future and messages move between threads, hence the `Send` bounds.
+// the mailbox (the state machine above hands that ownership over with
+// read-modify-writes and the port's gate); everything else is `Sync` on its
+// own. The future and messages move between threads, hence the `Send`
+// bounds.
 unsafe impl<K, M, H, S> Sync for Mailbox<K, M, H, S>
 where
     K: Send + Sync,
@@ -235,35 +210,97 @@ where
     H: Handler<K, M>,
     S: std::hash::BuildHasher + Send + Sync + 'static,
 {
-    /// A new, idle mailbox pinned to `worker`; its first message arrives
-    /// through the worker's port like every other.
-    pub(crate) fn new(
-        key: K,
-        hash: u64,
-        worker: usize,
-        dispatcher: Arc<DispatcherInner<K, M, H, S>>,
-    ) -> Self {
+    /// A free mailbox of `worker`'s port.
+    pub(crate) fn new(worker: usize, dispatcher: Arc<DispatcherInner<K, M, H, S>>) -> Self {
         Mailbox {
-            state: AtomicUsize::new(IDLE),
-            worker,
-            hash,
-            key,
-            queue: SpinLock::new(VecDeque::new()),
-            parked: UnsafeCell::new(None),
+            state: AtomicUsize::new(FREE),
+            dispatcher,
+            key: UnsafeCell::new(None),
             future: UnsafeCell::new(None),
             meta: UnsafeCell::new(None),
-            turn: UnsafeCell::new(Turn::default()),
-            dispatcher,
+            queue: SpinLock::new(VecDeque::new()),
+            hash: UnsafeCell::new(0),
+            worker,
         }
     }
 
-    pub(crate) fn key(&self) -> &K {
-        &self.key
+    /// The key it serves.
+    ///
+    /// # Safety
+    /// The caller owns the mailbox (runner, gate holder while it is in the
+    /// map or free, or a force stop that claimed it) and a key is set.
+    #[inline]
+    pub(crate) unsafe fn key(&self) -> &K {
+        // SAFETY: caller's contract: nobody writes `key` meanwhile.
+        self.key
+            .with(|k| unsafe { (*k).as_ref() })
+            .expect("a key is set")
     }
 
-    /// The key's hash (its submitter's).
-    pub(crate) fn hash(&self) -> u64 {
-        self.hash
+    /// The key's hash.
+    ///
+    /// # Safety
+    /// As for [`key`](Self::key).
+    #[inline]
+    pub(crate) unsafe fn hash(&self) -> u64 {
+        // SAFETY: caller's contract.
+        self.hash.with(|h| unsafe { *h })
+    }
+
+    /// Gives a free mailbox to `key` (the port, under its gate).
+    ///
+    /// # Safety
+    /// The mailbox is `FREE` and the caller holds its port's gate.
+    #[inline]
+    pub(crate) unsafe fn assign(&self, key: K, hash: u64) {
+        debug_assert_eq!(self.state.load(Relaxed) & STATE_MASK, FREE);
+        // SAFETY: caller's contract: a free mailbox is only touched by the
+        // gate holder.
+        unsafe {
+            self.key.with_mut(|k| *k = Some(key));
+            self.hash.with_mut(|h| *h = hash);
+        }
+    }
+
+    /// Takes the key back (a mailbox going `FREE`).
+    ///
+    /// # Safety
+    /// As for [`assign`](Self::assign), or the runner about to make it free.
+    #[inline]
+    pub(crate) unsafe fn take_key(&self) -> Option<K> {
+        // SAFETY: caller's contract.
+        self.key.with_mut(|k| unsafe { (*k).take() })
+    }
+
+    /// The port lends this free mailbox to a message (`FREE` → `RUNNING`).
+    /// A plain store: under the gate nobody else moves a free mailbox, and
+    /// a stale waker only sets `NOTIFIED` on `RUNNING`.
+    ///
+    /// # Safety
+    /// The caller holds the port's gate; the mailbox is `FREE`, with a key.
+    #[inline]
+    pub(crate) unsafe fn lend(&self) {
+        overwrite(&self.state, RUNNING);
+    }
+
+    /// The port gives this free mailbox (just assigned) the first message
+    /// of its queue: `FREE` → `SCHEDULED`; the caller queues its task.
+    ///
+    /// # Safety
+    /// As for [`lend`](Self::lend).
+    pub(crate) unsafe fn schedule_with(&self, env: Envelope<M, H::Output>) {
+        self.queue.lock().push_back(env);
+        overwrite(&self.state, SCHEDULED);
+    }
+
+    /// The dispatcher it belongs to.
+    pub(crate) fn dispatcher_ref(&self) -> &Arc<DispatcherInner<K, M, H, S>> {
+        &self.dispatcher
+    }
+
+    /// Closes it for good (a mailbox that cannot be used any more).
+    pub(crate) fn close(&self) {
+        self.state.swap(CLOSED, AcqRel);
     }
 
     /// Whether the mailbox reached its terminal state.
@@ -271,160 +308,32 @@ where
         self.state.load(Acquire) & STATE_MASK == CLOSED
     }
 
-    /// Whether the mailbox is `IDLE` (no message, no future, not queued).
-    pub(crate) fn is_idle(&self) -> bool {
-        self.state.load(Acquire) & STATE_MASK == IDLE
-    }
-
-    /// Whether the mailbox has no work (idle, waiting to be retired, or
-    /// closed).
-    pub(crate) fn is_at_rest(&self) -> bool {
-        matches!(self.state.load(Acquire) & STATE_MASK, IDLE | CLOSED)
-    }
-
-    /// Delivers a message (its worker's port, on the worker). Returns true
-    /// if the mailbox was idle: this call moved it `IDLE` → `SCHEDULED` and
-    /// the caller must queue it (see [`take_parked`](Self::take_parked)).
+    /// Delivers a message into the queue of a mailbox in its port's map
+    /// (the port, under its gate). False if the mailbox is closed: the
+    /// caller fails the message.
     #[inline]
-    pub(crate) fn deliver(&self, env: Envelope<M, H::Output>) -> bool {
-        let mut q = self.queue.lock();
-        q.push_back(env);
-        // The runner goes idle only under this lock, so either it is still
-        // running (and will find the message) or it is idle and we revive it.
-        let revive = self.state.load(Relaxed) == IDLE
-            && self
-                .state
-                .compare_exchange(IDLE, SCHEDULED, AcqRel, Relaxed)
-                .is_ok();
-        drop(q);
-        revive
-    }
-
-    /// A delivery of this mailbox's port, in the port's turn on its worker.
-    ///
-    /// An idle mailbox whose turn has budget left takes the message at once
-    /// (`IDLE` → `RUNNING`; the caller runs it with [`run_inline`]): its
-    /// message is the next in line, so the handler runs without a trip
-    /// through the queue and the worker's run queue. The turn is the one
-    /// the mailbox ran last if that was in this very task, or in the task
-    /// just before it (its turn only ran dry because its next messages were
-    /// still in the inbox); otherwise a fresh one. Its budget spent, or a
-    /// mailbox that is queued, running or suspended, the message goes into
-    /// the queue; a revived one goes to the back of the worker's queue, as
-    /// a mailbox that used up its turn does.
-    ///
-    /// Plain stores suffice for `IDLE` → `RUNNING`: the port's gate is held
-    /// and not closed, so no force stop is past its inbox step for this
-    /// dispatcher (none claims mailboxes), retirement is this thread's, and
-    /// a stale waker only sets `NOTIFIED` on `RUNNING`.
-    ///
-    /// [`run_inline`]: Self::run_inline
-    ///
-    /// # Safety
-    /// On the mailbox's worker thread, in its port's turn, with the port's
-    /// gate held and not closed; `ptr` is the mailbox's `Arc` pointer, kept
-    /// alive by its pin (this delivery is counted in `sent`).
-    #[inline]
-    pub(crate) unsafe fn offer(
-        ptr: NonNull<Self>,
+    pub(crate) fn deliver(
+        &self,
         env: Envelope<M, H::Output>,
-        cx: &WorkerCx<'_>,
-    ) -> Offer<K, M, H, S> {
-        // SAFETY: the pin keeps the mailbox alive (caller's contract).
-        let this = unsafe { ptr.as_ref() };
-        if this.state.load(Relaxed) == IDLE && !this.dispatcher.shared.is_forced() {
-            let throughput = this.dispatcher.shared.config.throughput;
-            let tick = cx.tick() as u16;
-            // SAFETY: only the worker thread touches `turn`.
-            let spent = this.turn.with_mut(|t| unsafe {
-                let continues = (*t).idle_tick == tick || (*t).idle_tick.wrapping_add(1) == tick;
-                if !continues {
-                    (*t).spent = 0;
-                }
-                (*t).spent as usize
-            });
-            if spent < throughput {
-                overwrite(&this.state, RUNNING);
-                // Our own reference, taken under the gate: once it is
-                // released a force stop may take the mailbox out of the map.
-                // SAFETY: we are the mailbox's worker thread.
-                let own = unsafe { this.take_parked() }.unwrap_or_else(|| {
-                    // A new mailbox has no parked reference: take one.
-                    // SAFETY: `ptr` is an `Arc`'s, kept alive by the map.
-                    unsafe { arc_clone_raw(ptr.as_ptr().cast_const()) }
-                });
-                return Offer::Inline(own, env);
-            }
+    ) -> Result<(), Envelope<M, H::Output>> {
+        let mut q = self.queue.lock();
+        if self.is_closed() {
+            return Err(env);
         }
-        if !this.deliver(env) {
-            return Offer::Queued(None);
-        }
-        // Revived with its turn spent: a fresh turn, at the back.
-        // SAFETY: only the worker thread touches `turn`.
-        this.turn.with_mut(|t| unsafe { (*t).spent = 0 });
-        // SAFETY: we are the mailbox's worker thread.
-        let arc = unsafe { this.take_parked() }.unwrap_or_else(|| {
-            // A new mailbox has no parked reference: take one.
-            // SAFETY: `ptr` is an `Arc`'s, kept alive by the map.
-            unsafe { arc_clone_raw(ptr.as_ptr().cast_const()) }
-        });
-        Offer::Queued(Some(Task::new(arc)))
-    }
-
-    /// Runs the message [`offer`](Self::offer) took inline, then goes on
-    /// with the mailbox's turn (its queue is empty unless something was
-    /// delivered meanwhile) and goes idle as a turn does. On the mailbox's
-    /// worker thread, with the reference `offer` handed out.
-    pub(crate) fn run_inline(own: Arc<Self>, env: Envelope<M, H::Output>, cx: &WorkerCx<'_>) {
-        let throughput = own.dispatcher.shared.config.throughput;
-        // SAFETY: only the worker thread touches `turn`.
-        let spent = own.turn.with_mut(|t| unsafe { (*t).spent }) as usize;
-        // SAFETY: we own the turn (`RUNNING`, set by `offer`) and no future
-        // is stored (the mailbox was idle).
-        match unsafe { Self::start(&own, env, cx) } {
-            Step::Done if !own.dispatcher.shared.is_forced() => {
-                // Nothing can have reached the queue meanwhile: deliveries
-                // come through the port (whose turn this is; a handler's
-                // direct delivery needs it idle) and a thief never takes a
-                // running mailbox. So go idle without taking the queue's
-                // lock. A force stop that found us running left us alone (it
-                // took our empty queue); one that comes later finds us idle.
-                overwrite(&own.state, IDLE);
-                Self::went_idle(own, cx, spent + 1);
-            }
-            Step::Done => Self::turn(own, cx, throughput - spent - 1),
-            Step::Pending => Self::after_pending(own, cx),
-        }
-    }
-
-    /// The reference the mailbox kept to itself when it went idle (none for
-    /// a new mailbox).
-    ///
-    /// # Safety
-    /// Only on the mailbox's worker thread.
-    #[inline]
-    pub(crate) unsafe fn take_parked(&self) -> Option<Arc<Self>> {
-        // SAFETY: only the mailbox's worker thread touches `parked`
-        // (caller's contract).
-        self.parked.with_mut(|p| unsafe { (*p).take() })
-    }
-
-    /// Under the shard lock: closes the mailbox if it is idle, so it can be
-    /// removed from the map.
-    pub(crate) fn close_if_idle(&self) -> bool {
-        self.state
-            .compare_exchange(IDLE, CLOSED, AcqRel, Acquire)
-            .is_ok()
+        q.push_back(env);
+        Ok(())
     }
 
     /// Force stop, on the stopping thread: hand back every queued message,
-    /// and if the mailbox is suspended, claim it and cancel its future.
-    /// The caller has already taken the mailbox out of its map.
+    /// and if the mailbox is suspended or queued, claim it and cancel its
+    /// future. The caller has already taken the mailbox out of its map.
     pub(crate) fn force_stop(&self) -> usize {
         let queued = std::mem::take(&mut *self.queue.lock());
         let n = queued.len();
         for env in queued {
-            self.dispatcher.reject(&self.key, env);
+            // SAFETY: a mailbox in a map has a key, and nobody takes it
+            // while the mailbox is out of the map and not free.
+            self.dispatcher.reject(unsafe { self.key() }, env);
         }
         // Claim the mailbox unless its worker is running it (that runner sees
         // FORCED and stops, or cancels its future, after the current step).
@@ -432,12 +341,12 @@ where
         let mut cur = self.state.load(Acquire);
         loop {
             let st = cur & STATE_MASK;
-            if !matches!(st, SUSPENDED | SCHEDULED | IDLE) {
+            if !matches!(st, SUSPENDED | SCHEDULED | FREE) {
                 break;
             }
             match self.state.compare_exchange(cur, CLOSED, SeqCst, Acquire) {
                 Ok(_) => {
-                    if st != IDLE {
+                    if st != FREE {
                         // SAFETY: the CAS made us the owner of the mailbox.
                         unsafe { self.cancel_current() };
                     }
@@ -454,15 +363,23 @@ where
     /// Starts `env`: calls the handler and polls the future once.
     ///
     /// # Safety
-    /// The caller owns the mailbox's turn (`RUNNING`) and no future is stored.
-    unsafe fn start(this: &Arc<Self>, env: Envelope<M, H::Output>, cx: &WorkerCx<'_>) -> Step {
+    /// The caller owns the mailbox's turn (`RUNNING`), a key is set and no
+    /// future is stored.
+    pub(crate) unsafe fn start(
+        this: &Arc<Self>,
+        env: Envelope<M, H::Output>,
+        cx: &WorkerCx<'_>,
+    ) -> Step {
         let Envelope { msg, reply, credit } = env;
         cx.before_start(credit);
         let handler = &this.dispatcher.handler;
-        let span = trace::MessageSpan::new(this.hash, cx.index);
+        // SAFETY: we own the turn, a key is set (caller's contract).
+        let key = unsafe { this.key() };
+        // SAFETY: as above.
+        let span = trace::MessageSpan::new(unsafe { this.hash() }, cx.index);
         let called = catch_unwind(AssertUnwindSafe(|| {
             let _entered = span.enter();
-            handler.call(&this.key, msg)
+            handler.call(key, msg)
         }));
         let outcome = match called {
             Ok(fut) => {
@@ -483,7 +400,7 @@ where
             Err(payload) => Err(TaskError::Panicked(Panic::new(payload))),
         };
         this.dispatcher
-            .finish(&this.key, cx.index, reply, credit, Some(cx), outcome);
+            .finish(key, cx.index, reply, credit, Some(cx), outcome);
         Step::Done
     }
 
@@ -501,7 +418,8 @@ where
         // SAFETY: we own the turn.
         let meta = unsafe { this.meta.with_mut(|m| (*m).take()) }.expect("meta is stored");
         this.dispatcher.finish(
-            &this.key,
+            // SAFETY: we own the turn; a mailbox with a future has a key.
+            unsafe { this.key() },
             wcx.index,
             meta.reply,
             meta.credit,
@@ -544,6 +462,12 @@ where
     /// # Safety
     /// The caller owns the mailbox's turn.
     unsafe fn drop_future(&self) {
+        if !std::mem::needs_drop::<trace::Instrumented<H::Future>>() {
+            // SAFETY: the owner of the turn; nothing to drop (a ready future
+            // that was polled, say).
+            self.future.with_mut(|f| unsafe { ptr::write(f, None) });
+            return;
+        }
         struct Clear<F>(*mut Option<F>);
         impl<F> Drop for Clear<F> {
             fn drop(&mut self) {
@@ -571,7 +495,7 @@ where
     ///
     /// # Safety
     /// The caller owns the mailbox (its turn, or a claimed `SUSPENDED`).
-    unsafe fn cancel_current(&self) {
+    pub(crate) unsafe fn cancel_current(&self) {
         // SAFETY: caller's contract.
         let meta = unsafe { self.meta.with_mut(|m| (*m).take()) };
         if let Some(meta) = meta {
@@ -579,7 +503,8 @@ where
             unsafe { self.drop_future() };
             self.dispatcher.cancelled(self.worker);
             self.dispatcher.finish(
-                &self.key,
+                // SAFETY: a mailbox with a future has a key.
+                unsafe { self.key() },
                 self.worker,
                 meta.reply,
                 meta.credit,
@@ -589,38 +514,9 @@ where
         }
     }
 
-    /// The mailbox went `IDLE` after `spent` messages in its turn: remember
-    /// the turn (see `offer`), and stay in the map for a while, so the
-    /// key's next message reuses this mailbox; the worker retires it later.
-    fn went_idle(this: Arc<Self>, cx: &WorkerCx<'_>, spent: usize) {
-        let spent = spent.min(u32::MAX as usize) as u32;
-        let idle_tick = cx.tick() as u16;
-        // SAFETY: we own the turn, on the mailbox's worker thread.
-        let was_listed = this.turn.with_mut(|t| unsafe {
-            let listed = (*t).listed;
-            *t = Turn {
-                listed: true,
-                idle_tick,
-                spent,
-            };
-            listed
-        });
-        let list = (!was_listed).then(|| Task::new(this.clone()));
-        // Keep our reference for the next turn (see `parked`), before
-        // listing: listing may retire idle mailboxes.
-        let cell: *const UnsafeCell<Option<Arc<Self>>> = &this.parked;
-        // SAFETY: we are the mailbox's worker thread, the only one touching
-        // `parked`; the cell lives inside the mailbox, which the reference
-        // we store keeps alive.
-        let stale = unsafe { (*cell).with_mut(|p| (*p).replace(this)) };
-        debug_assert!(stale.is_none());
-        if let Some(task) = list {
-            cx.went_idle(task);
-        }
-    }
-
     /// The rest of a turn (`RUNNING`, no future stored): up to `budget`
-    /// more messages, then yield; or go idle when the queue runs dry.
+    /// more messages, then yield; or, with the queue dry, leave the map and
+    /// go `FREE` (see `DispatcherInner::drained`).
     fn turn(this: Arc<Self>, cx: &WorkerCx<'_>, mut budget: usize) {
         let throughput = this.dispatcher.shared.config.throughput;
         loop {
@@ -633,15 +529,19 @@ where
             match this.next() {
                 Next::Message(env) => {
                     budget -= 1;
-                    // SAFETY: we own the turn and no future is stored.
+                    // SAFETY: we own the turn, a key is set (the mailbox is
+                    // in its port's map) and no future is stored.
                     match unsafe { Self::start(&this, env, cx) } {
                         Step::Done => {}
                         Step::Pending => return Self::after_pending(this, cx),
                     }
                 }
-                Next::Idle => {
-                    let spent = throughput - budget;
-                    return Self::went_idle(this, cx, spent);
+                Next::Empty => {
+                    // Gone back to the port's spares (or closed), unless a
+                    // message arrived meanwhile: then go on.
+                    if DispatcherInner::drained(&this, cx, throughput - budget) {
+                        return;
+                    }
                 }
                 Next::Forced => {
                     // The stopping thread hands back the queue; we stop here.
@@ -650,6 +550,32 @@ where
                 }
             }
         }
+    }
+
+    /// Under the port's gate: if the queue is still empty, the mailbox may
+    /// leave the map (true); a message that arrived meanwhile keeps it
+    /// (false). The caller (the runner) holds the gate.
+    ///
+    /// # Safety
+    /// The caller owns the turn and holds the port's gate.
+    pub(crate) unsafe fn still_empty(&self) -> bool {
+        self.queue.lock().is_empty()
+    }
+
+    /// Runner: the mailbox leaves its port's map (under the gate) and goes
+    /// `FREE` for reuse, or `CLOSED` if a force stop began.
+    ///
+    /// # Safety
+    /// The caller owns the turn and holds the port's gate; the queue is
+    /// empty and no future is stored.
+    pub(crate) unsafe fn release(&self, forced: bool) -> Option<K> {
+        if forced {
+            self.state.swap(CLOSED, AcqRel);
+            return None;
+        }
+        overwrite(&self.state, FREE);
+        // SAFETY: caller's contract (we own the mailbox, under the gate).
+        unsafe { self.take_key() }
     }
 
     fn has_current(&self) -> bool {
@@ -666,12 +592,7 @@ where
         }
         match q.pop_front() {
             Some(env) => Next::Message(env),
-            None => {
-                // Go idle under the queue lock (see `push`). A wake racing
-                // this is stale: no future is pending between messages.
-                self.state.swap(IDLE, AcqRel);
-                Next::Idle
-            }
+            None => Next::Empty,
         }
     }
 
@@ -681,7 +602,7 @@ where
     /// state then load `FORCED`; the stopper sets `FORCED` then CASes the
     /// state. All four are SeqCst, so at least one side sees the other and
     /// the suspended future is cancelled exactly once (by whichever CAS wins).
-    fn after_pending(this: Arc<Self>, cx: &WorkerCx<'_>) {
+    pub(crate) fn after_pending(this: Arc<Self>, cx: &WorkerCx<'_>) {
         if this.dispatcher.shared.is_forced() {
             // SAFETY: we still own the turn.
             unsafe { this.cancel_current() };
@@ -750,7 +671,7 @@ where
             let next = match cur & STATE_MASK {
                 SUSPENDED => SCHEDULED,
                 // No future is pending: a stale waker of a finished message.
-                CLOSED | IDLE => return false,
+                CLOSED | FREE => return false,
                 _ => cur | NOTIFIED,
             };
             match self.state.compare_exchange(cur, next, AcqRel, Acquire) {
@@ -759,15 +680,6 @@ where
             }
         }
     }
-}
-
-/// The outcome of [`DispatcherInner::retire`].
-#[must_use]
-pub(crate) enum Retire {
-    /// Removed from the map and closed.
-    Retired,
-    /// Not idle any more (a message arrived): left alone.
-    Busy,
 }
 
 impl<K, M, H, S> Runnable for Mailbox<K, M, H, S>
@@ -782,12 +694,7 @@ where
         if !this.claim_scheduled(RUNNING) {
             return;
         }
-        let throughput = this.dispatcher.shared.config.throughput;
-        // SAFETY: we own the turn, on the mailbox's worker thread.
-        let carried =
-            this.turn
-                .with_mut(|t| unsafe { std::mem::take(&mut (*t).spent) }) as usize;
-        let mut budget = throughput.saturating_sub(carried).max(1);
+        let mut budget = this.dispatcher.shared.config.throughput;
         if this.has_current() {
             // SAFETY: we own the turn and a future is stored.
             match unsafe { Self::poll_current(&this, cx) } {
@@ -796,19 +703,6 @@ where
             }
         }
         Self::turn(this, cx, budget);
-    }
-
-    fn retire(this: Arc<Self>) {
-        // SAFETY: `retire` runs on the mailbox's worker thread.
-        this.turn.with_mut(|t| unsafe { (*t).listed = false });
-        let _ = this.dispatcher.retire(&this, this.worker);
-        // Drop the reference it kept to itself whatever happened: closed
-        // for good, it would never be freed; still busy (a delivery in
-        // flight), it is no longer listed and a force stop could reject that
-        // delivery, leaving nobody to drop it. Reviving it then takes a new
-        // reference instead.
-        // SAFETY: `retire` runs on the mailbox's worker thread.
-        drop(unsafe { this.take_parked() });
     }
 
     fn cancel(this: Arc<Self>) {

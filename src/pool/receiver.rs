@@ -158,10 +158,14 @@ impl<K, M, O> Receiver<K, M, O> {
     /// # Errors
     /// `Closed(message)` if the executor is shutting down.
     pub fn send(&self, key: K, message: M) -> Result<(), SubmitError<M>> {
-        if self.core.is_closed() {
-            return Err(SubmitError::Closed(message));
+        // With credit at hand the dispatcher's own check refuses a closed
+        // executor; without, look before waiting for a unit.
+        if !self.credit.credit().try_acquire() {
+            if self.core.is_closed() {
+                return Err(SubmitError::Closed(message));
+            }
+            self.acquire_blocking();
         }
-        self.acquire_blocking();
         self.enqueue(key, message, false).map(drop)
     }
 

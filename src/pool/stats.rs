@@ -52,9 +52,8 @@ pub struct ExecutorStats {
     /// over every dispatcher. Messages still in a worker's inbox are
     /// counted in [`WorkerStats::inbox`] instead.
     pub live_mailboxes: usize,
-    /// Mailboxes that went idle and are kept a short while (until their
-    /// worker has had nothing to do for a couple of milliseconds) so their
-    /// key's next message reuses them.
+    /// Free mailboxes kept for reuse (a few per dispatcher and worker): a
+    /// key gets one only while it has a backlog or a suspended future.
     pub idle_mailboxes: usize,
     /// Messages finished with an output.
     pub done: u64,

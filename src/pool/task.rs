@@ -25,17 +25,11 @@ pub(crate) trait Runnable: Send + Sync + 'static {
     /// Called instead of `run` once a force stop is under way: give up the
     /// turn, dropping any suspended work as cancelled.
     fn cancel(this: Arc<Self>);
-    /// Called by the worker on an entry of its idle list: release whatever
-    /// is kept for reuse if it is still idle. By default nothing is kept.
-    fn retire(this: Arc<Self>) {
-        drop(this);
-    }
 }
 
 struct VTable {
     run: unsafe fn(NonNull<()>, &WorkerCx<'_>),
     cancel: unsafe fn(NonNull<()>),
-    retire: unsafe fn(NonNull<()>),
     drop: unsafe fn(NonNull<()>),
 }
 
@@ -45,7 +39,6 @@ impl<R: Runnable> VTableFor<R> {
     const VTABLE: VTable = VTable {
         run: Self::run,
         cancel: Self::cancel,
-        retire: Self::retire,
         drop: Self::drop,
     };
 
@@ -64,14 +57,6 @@ impl<R: Runnable> VTableFor<R> {
         // SAFETY: as in `run`.
         let arc = unsafe { Arc::from_raw(ptr.as_ptr().cast::<R>().cast_const()) };
         R::cancel(arc);
-    }
-
-    /// # Safety
-    /// As for `run`.
-    unsafe fn retire(ptr: NonNull<()>) {
-        // SAFETY: as in `run`.
-        let arc = unsafe { Arc::from_raw(ptr.as_ptr().cast::<R>().cast_const()) };
-        R::retire(arc);
     }
 
     /// # Safety
@@ -118,13 +103,6 @@ impl Task {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: as in `run`.
         unsafe { (this.vtable.cancel)(this.ptr) }
-    }
-
-    /// Retires an idle task kept for reuse, consuming the reference.
-    pub(crate) fn retire(self) {
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: as in `run`.
-        unsafe { (this.vtable.retire)(this.ptr) }
     }
 }
 

@@ -112,18 +112,6 @@ impl Worker {
     }
 }
 
-/// An idle mailbox stays in its dispatcher's map, ready for its key's next
-/// message, until its worker has had nothing to do for this long...
-#[cfg(not(loom))]
-pub(crate) const IDLE_RETIRE_AFTER: Duration = Duration::from_millis(2);
-
-/// ...or until more than this many idle mailboxes wait on one worker; then
-/// the oldest half are retired. Under loom: retire at once.
-#[cfg(not(loom))]
-pub(crate) const IDLE_CAP: usize = 8192;
-#[cfg(loom)]
-pub(crate) const IDLE_CAP: usize = 0;
-
 /// What a running task knows about the worker running it.
 pub(crate) struct WorkerCx<'a> {
     pub(crate) shared: &'a Shared,
@@ -135,9 +123,6 @@ pub(crate) struct WorkerCx<'a> {
     /// before the next task is taken, so the order stays FIFO. Only this
     /// thread touches it.
     local: RefCell<VecDeque<Task>>,
-    /// Idle mailboxes of this worker, oldest first, kept for reuse until
-    /// retired. Only this thread touches it.
-    idle: RefCell<VecDeque<Task>>,
     /// Credit units of finished messages not given back yet: returning them
     /// in small batches keeps the credit's cache line from crossing cores on
     /// every message. Given back when the batch is full, before a message of
@@ -220,41 +205,6 @@ impl WorkerCx<'_> {
     #[inline]
     pub(crate) fn tick(&self) -> u32 {
         self.ticks.get()
-    }
-
-    /// A mailbox of this worker went idle.
-    pub(crate) fn went_idle(&self, task: Task) {
-        let len = {
-            let mut idle = self.idle.borrow_mut();
-            idle.push_back(task);
-            idle.len()
-        };
-        if len > IDLE_CAP {
-            self.retire_idle(IDLE_CAP / 2);
-        }
-    }
-
-    /// Retires the oldest idle mailboxes until at most `keep` are left.
-    fn retire_idle(&self, keep: usize) {
-        loop {
-            // Release the borrow before retiring: retiring may drop user
-            // values (a dispatcher's handler).
-            let task = {
-                let mut idle = self.idle.borrow_mut();
-                if idle.len() <= keep {
-                    return;
-                }
-                idle.pop_front()
-            };
-            match task {
-                Some(t) => t.retire(),
-                None => return,
-            }
-        }
-    }
-
-    fn has_idle(&self) -> bool {
-        !self.idle.borrow().is_empty()
     }
 
     /// A message of `credit` finished on this worker.
@@ -395,7 +345,6 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         shared: &shared,
         index,
         local: RefCell::new(VecDeque::new()),
-        idle: RefCell::new(VecDeque::new()),
         pending: Cell::new(None),
         ticks: Cell::new(0),
         in_port: Cell::new(false),
@@ -416,12 +365,6 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         let st = shared.state();
         if shared.should_exit(st) {
             break;
-        }
-        if (cfg!(loom) || shared.is_closed()) && cx.has_idle() {
-            // Stopping (or under loom, where there is no clock): retire idle
-            // mailboxes before sleeping.
-            cx.retire_idle(0);
-            continue;
         }
         let idle_since = Instant::now();
         if !spin.is_zero() && last_wait < spin {
@@ -449,12 +392,10 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             continue;
         }
         me.counters.parks.fetch_add(1, Relaxed);
-        park(&cx, me);
+        park(me);
         last_wait = idle_since.elapsed();
     }
     cx.flush_credit();
-    // Retire the idle mailboxes kept for reuse (they hold their dispatcher).
-    cx.retire_idle(0);
     // Forced stop: cancel whatever was queued or pushed meanwhile.
     while let Some(task) = cx.next_task() {
         task.cancel();
@@ -468,35 +409,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     shared.worker_exited();
 }
 
-/// Sleeps until woken. With idle mailboxes kept for reuse, wakes up after
-/// `IDLE_RETIRE_AFTER` with nothing to do to retire them, then returns (the
-/// loop parks again, with nothing kept, until woken).
-fn park(cx: &WorkerCx<'_>, me: &Worker) {
-    #[cfg(not(loom))]
-    if cx.has_idle() {
-        let deadline = Instant::now() + IDLE_RETIRE_AFTER;
-        loop {
-            if me.state.load(SeqCst) != PARKED {
-                return;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                // Nobody came: leave the park ourselves. If a waker beat us
-                // to it, there is work; the idle mailboxes can wait.
-                if me
-                    .state
-                    .compare_exchange(PARKED, RUNNING, SeqCst, Relaxed)
-                    .is_ok()
-                {
-                    cx.retire_idle(0);
-                }
-                return;
-            }
-            thread::park_timeout(deadline - now);
-        }
-    }
-    #[cfg(loom)]
-    let _ = cx;
+/// Sleeps until woken (a pusher or a stop moves `state` out of `PARKED`).
+fn park(me: &Worker) {
     while me.state.load(SeqCst) == PARKED {
         thread::park();
     }
