@@ -262,6 +262,7 @@ pub mod error;
 pub mod lanes;
 pub mod limit;
 mod pool;
+mod timer;
 mod trace;
 mod waiter;
 
@@ -276,7 +277,12 @@ pub use pool::dispatcher::{DefaultHashBuilder, DefaultHasher, Dispatcher, Dispat
 pub use pool::executor::KeyedExecutor;
 #[doc(inline)]
 pub use pool::handler;
-pub use pool::receiver::{Receiver, SendFuture, SubmitFuture};
+#[cfg(not(loom))]
+pub use pool::receiver::WeakReceiver;
+pub use pool::receiver::{
+    Receiver, ReceiverBuilder, SendFuture, ShutdownFuture, SubmitFuture,
+    DEFAULT_COMMIT_SPAN_FACTOR, MIN_DEFAULT_COMMIT_SPAN,
+};
 pub use pool::stats::{ExecutorStats, SpawnedStats, WorkerState, WorkerStats};
 
 /// Internals that the loom models in `loom-tests/` check directly (built
