@@ -567,3 +567,27 @@ fn receiver_settings_are_validated_and_stops_are_idempotent() {
         .is_ok());
     assert!(executor.shutdown(LONG));
 }
+
+/// The last unit of a source whose receivers are all gone comes back while
+/// a graceful stop waits with its workers parked: the stop is woken and
+/// drains (it used to wait out its whole timeout).
+#[test]
+fn a_graceful_stop_ends_when_a_dropped_receivers_last_message_finishes() {
+    for workers in [1, 2] {
+        let executor = KeyedExecutor::builder().workers(workers).build().unwrap();
+        let starts = Starts::default();
+        let d = dispatcher(&executor, &starts);
+        let r = d.receiver(4).unwrap();
+        let (tx, rx) = oneshot::channel();
+        r.send(7, job(0, 1, Kind::Await(rx))).unwrap();
+        eventually("the message started", || started(&starts, 0, 1));
+        drop(r);
+        let waker = thread::spawn(move || {
+            // Let the stop begin and the workers park first.
+            thread::sleep(Duration::from_millis(100));
+            tx.send(()).unwrap();
+        });
+        assert!(executor.shutdown(LONG), "drained ({workers} workers)");
+        waker.join().unwrap();
+    }
+}

@@ -298,10 +298,22 @@ impl Drop for SourceHandle {
 /// The caller owns one handle count of the source at `ptr`.
 unsafe fn unpin(ptr: NonNull<Source>) {
     // SAFETY: the count we own keeps the source alive for this access.
-    let prev = unsafe { ptr.as_ref() }.hot.word.fetch_sub(HANDLE, AcqRel);
-    if prev == HANDLE {
+    let word = &unsafe { ptr.as_ref() }.hot.word;
+    let now = word.fetch_sub(HANDLE, AcqRel) - HANDLE;
+    if now == 0 {
         // SAFETY: the word is zero: no handle, unit or waiter is left.
         unsafe { free(ptr) };
+    } else if now & !WAITER_BITS == 0 {
+        // No handle and no unit, but a waiter bit is still set: a drainer
+        // (or a submitter) registered, then found what it waited for and
+        // left its entry behind. Nobody can be waiting any more (a waiter
+        // holds a handle), so the bit is stale; whoever turns the word to
+        // zero frees the source (the executor's list pins only a non-zero
+        // word, and only one compare-exchange from `now` can succeed).
+        if word.compare_exchange(now, 0, AcqRel, Relaxed).is_ok() {
+            // SAFETY: as above: we made the word zero.
+            unsafe { free(ptr) };
+        }
     }
 }
 
@@ -349,6 +361,11 @@ impl SourceRef {
             match word.compare_exchange_weak(cur, cur - n, SeqCst, Relaxed) {
                 Ok(_) => {
                     if cur == n {
+                        // The last unit came back and no handle is left: a
+                        // graceful stop may be waiting for that too (the
+                        // word is zero, so nobody else frees the source
+                        // meanwhile).
+                        source.drained();
                         // SAFETY: we made the word zero; it was made by
                         // `Box::leak`.
                         unsafe { free(self.0) };
