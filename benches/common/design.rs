@@ -68,6 +68,15 @@ pub trait Design<H: Handler>: Sized {
     fn source(&self) -> Self::Sender {
         self.sender()
     }
+    /// A sending function for a handler that sends to its own design (W4).
+    /// The default wraps a [`sender`](Self::sender); keyed-executor gives a
+    /// `WeakReceiver`, so that the handler does not keep its own dispatcher
+    /// alive (a reference cycle).
+    #[allow(clippy::type_complexity)]
+    fn handler_sender(&self) -> Box<dyn Fn(u64, Msg) + Send + Sync> {
+        let sender = self.sender();
+        Box::new(move |k, m| sender.send(k, m))
+    }
     /// Stops the threads once the harness saw every message finish.
     fn finish(self);
 }

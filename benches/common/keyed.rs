@@ -100,6 +100,19 @@ impl<H: Handler> Design<H> for Keyed<H> {
         KeyedSender(self.dispatcher.receiver(self.credit).expect("receiver"))
     }
 
+    /// What a user writes for a handler that sends to its own dispatcher:
+    /// a `WeakReceiver`, upgraded for each send (a strong receiver inside
+    /// the handler would keep the dispatcher alive for ever).
+    fn handler_sender(&self) -> Box<dyn Fn(u64, Msg) + Send + Sync> {
+        let weak = self.receiver.downgrade();
+        Box::new(move |k, m| {
+            let receiver = weak.upgrade().expect("keyed-executor: dispatcher gone");
+            if receiver.send(k, m).is_err() {
+                panic!("keyed-executor: message refused (executor closed)");
+            }
+        })
+    }
+
     fn finish(self) {
         let Keyed {
             executor,

@@ -889,8 +889,7 @@ fn ping_pong<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
         send: send.clone(),
     };
     let d = start::<F, _>(cfg, handler);
-    let inner = d.sender();
-    let _ = send.set(Box::new(move |k, m| inner.send(k, m)) as Box<dyn Fn(u64, Msg) + Send + Sync>);
+    let _ = send.set(d.handler_sender());
     let sender = d.sender();
     let t = Instant::now();
     sender.send(
