@@ -25,6 +25,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! How the code is organised — each front-end's files, which file owns which
+//! state machine, and the path of one message through them — is described in
+//! `ARCHITECTURE.md` in the repository.
+//!
 //! # The model
 //!
 //! - **Keys and mailboxes.** A [`Dispatcher`] runs one [`Handler`](handler::Handler)
