@@ -35,11 +35,10 @@
 //!   for many keys. While a key has work it has a *mailbox*: a FIFO of its
 //!   messages and, for an async handler, the future of the message it is
 //!   running. The mailbox runs its messages one at a time; the next message
-//!   starts only when the previous one's future completed. An idle mailbox is
-//!   kept briefly for the key's next message (until its worker has had
-//!   nothing to do for ~2 ms, or more than 8,192 idle ones pile up on it) and
-//!   then removed, so memory follows the keys that have work now, not every
-//!   key ever seen.
+//!   starts only when the previous one's future completed. A mailbox leaves
+//!   its key as soon as its queue runs dry (a few dozen empty ones are kept
+//!   per worker for reuse), so memory follows the keys that have work now,
+//!   not every key ever seen.
 //! - **Workers.** One [`KeyedExecutor`] owns `workers` threads, shared by all
 //!   its dispatchers — never a thread per key, per dispatcher or per type.
 //!   Each worker has its own FIFO of mailboxes. A new mailbox goes to a worker
@@ -142,7 +141,7 @@
 //! as it is in the map — about 1.1 KB per key in `BENCHMARKS.md`, W5 — and
 //! removing idle ones races with new messages (a message sent to an actor
 //! that is exiting is lost unless you close that race: this crate does, under
-//! the key's shard lock). Backpressure is per key (a bounded channel each),
+//! the lock of the key's worker port). Backpressure is per key (a bounded channel each),
 //! not per source, and every message to an idle key is a wake through the
 //! runtime's scheduler. It also ties the code to tokio. Here a key costs
 //! memory only while it has work, credit is per source, sync handlers never

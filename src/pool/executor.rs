@@ -9,13 +9,13 @@
 //! Graceful stop, [`KeyedExecutor::shutdown`]:
 //! 1. Set `CLOSED`, then wake every parked worker.
 //! 2. From now on a submit is refused with `Closed(msg)`: the flag is read
-//!    under the key's shard lock, so a submit that got in before (and whose
-//!    mailbox is therefore in a map) is seen by step 3.
+//!    after the submitter took its unit of credit, so a submit that got in
+//!    before is counted in its source's units, which step 3 waits for.
 //! 3. Workers keep running everything accepted, suspended futures included
 //!    (their wakes still schedule them). A worker that runs out of work checks
-//!    whether every dispatcher's map is empty (each shard under its lock); if
-//!    so it exits, otherwise it parks. Every mailbox retired while `CLOSED`
-//!    wakes the workers to check again.
+//!    whether every source has its units back and no spawned future is
+//!    alive; if so it exits, otherwise it parks. A source whose last unit
+//!    comes back while `CLOSED` wakes the workers to check again.
 //! 4. The caller waits for every worker to exit, up to the timeout, and joins
 //!    them. `true` means all accepted work finished and no worker is left.
 //!    Called from one of the executor's own workers it cannot wait for itself:
