@@ -10,6 +10,14 @@
 //!   record only after its completion says it was applied**.
 //! - The handler is async: it awaits a store write (~200 µs on an async-io
 //!   timer), then applies the record — per key one at a time, in order.
+//! - A rebalance moves partition 3 to another node (here a second
+//!   executor in the same process): the old owner stops polling it,
+//!   **closes that one receiver** and drains it within a deadline
+//!   (`Receiver::shutdown`, else `shutdown_now` hands the rest back), acks
+//!   what finished, reports its commit point (`Receiver::committable`), and
+//!   only then does the new owner start consuming the partition. The other
+//!   partitions, on the same keys' workers, never stop. The store checks
+//!   that no key ever runs on two nodes at once.
 //! - Midway, the process "crashes": `shutdown_now()`. A write that was in
 //!   progress is dropped (`TaskError::Cancelled`), queued records come back
 //!   through their completions (`TaskError::Rejected(record)`), and records
@@ -27,8 +35,8 @@
 //! cargo run --release --example partition_consumer
 //! ```
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -144,10 +152,30 @@ impl Broker {
 struct Store {
     applied: Mutex<HashMap<u64, (u64, i64)>>, // key -> (records applied, balance)
     writes: AtomicU64,
+    /// Keys with a write in progress, on any node.
+    running: Mutex<HashSet<u64>>,
+}
+
+/// Marks a key's write in progress; unmarks it when the write ends or is
+/// dropped (cancelled by a stop).
+struct Running<'a>(&'a Store, u64);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.lock().unwrap().remove(&self.1);
+    }
 }
 
 impl Store {
     async fn apply(&self, r: Record) {
+        // One key never runs on two nodes at once, even while its
+        // partition moves between them.
+        assert!(
+            self.running.lock().unwrap().insert(r.key),
+            "key {} written by two nodes at once",
+            r.key
+        );
+        let _running = Running(self, r.key);
         // The write: ~200 µs, then it takes effect. A force stop that drops
         // this future before the write completes leaves the store unchanged.
         async_io::Timer::after(Duration::from_micros(200)).await;
@@ -175,19 +203,42 @@ struct Tally {
     refused: u64,
 }
 
-/// Consumes partition `p` until the broker has nothing left or the
-/// executor stops. Acks after completion; nacks what a stop hands back.
-fn consume(
+impl Tally {
+    fn add(self, t: Tally) -> Tally {
+        Tally {
+            acked: self.acked + t.acked,
+            rejected: self.rejected + t.rejected,
+            cancelled: self.cancelled + t.cancelled,
+            refused: self.refused + t.refused,
+        }
+    }
+}
+
+/// What a consumer did when its partition was revoked.
+#[derive(Debug, Clone, Copy)]
+struct HandOff {
+    /// The source drained within the deadline (else it was stopped).
+    drained: bool,
+    /// Its commit point: how many leading positions all finished.
+    committable: u64,
+    /// Positions it was given in all.
+    accepted: u64,
+}
+
+/// Acks a finished record, nacks one a stop handed back.
+fn settle_one(
     p: usize,
     broker: &Broker,
-    receiver: &keyed_executor::Receiver<u64, Record, ()>,
-) -> Tally {
-    let mut tally = Tally::default();
-    let mut in_flight: VecDeque<(usize, Completion<(), Record>)> = VecDeque::new();
-    let settle = |offset: usize, done: Completion<(), Record>, tally: &mut Tally| match done.wait()
-    {
+    offset: usize,
+    done: Completion<(), Record>,
+    tally: &mut Tally,
+    position: u64,
+    acked_positions: &mut HashSet<u64>,
+) {
+    match done.wait() {
         Ok(()) => {
             broker.ack(p, offset);
+            acked_positions.insert(position);
             tally.acked += 1;
         }
         Err(TaskError::Rejected(_record)) => {
@@ -201,8 +252,57 @@ fn consume(
             tally.cancelled += 1;
         }
         Err(TaskError::Panicked(panic)) => panic!("handler panicked: {panic}"),
+    }
+}
+
+/// Consumes partition `p` until the broker has nothing left, the executor
+/// stops, or `revoked` is set (then it hands the partition off: see
+/// [`HandOff`]). Acks after completion; nacks what a stop hands back.
+fn consume(
+    p: usize,
+    broker: &Broker,
+    receiver: &keyed_executor::Receiver<u64, Record, ()>,
+    revoked: &AtomicBool,
+) -> (Tally, Option<HandOff>) {
+    let mut tally = Tally::default();
+    let mut hand_off = None;
+    let mut in_flight: VecDeque<(usize, Completion<(), Record>)> = VecDeque::new();
+    // Which positions were acked: the commit point never passes one that
+    // was not.
+    let mut acked_positions = HashSet::new();
+    let mut settle = |offset: usize, done: Completion<(), Record>, tally: &mut Tally| {
+        let position = done.position();
+        settle_one(
+            p,
+            broker,
+            offset,
+            done,
+            tally,
+            position,
+            &mut acked_positions,
+        )
     };
     'consume: loop {
+        if revoked.load(Ordering::SeqCst) {
+            // The rebalance: no new records of this partition from here; let
+            // what was accepted finish within a deadline, else stop it (what
+            // it hands back is nacked below and redelivered to the new
+            // owner).
+            receiver.close();
+            let drained = receiver.shutdown(Duration::from_secs(2));
+            if !drained {
+                receiver.shutdown_now();
+            }
+            for (offset, done) in in_flight.drain(..) {
+                settle(offset, done, &mut tally);
+            }
+            hand_off = Some(HandOff {
+                drained,
+                committable: receiver.committable(),
+                accepted: receiver.accepted(),
+            });
+            break;
+        }
         let batch = broker.poll(p, 32);
         if batch.is_empty() {
             // Nothing new: wait for the oldest record in flight, or finish.
@@ -244,15 +344,39 @@ fn consume(
     for (offset, done) in in_flight {
         settle(offset, done, &mut tally);
     }
-    tally
+    if let Some(h) = hand_off {
+        // What a Kafka consumer would commit: every position below the
+        // commit point was applied and acked.
+        assert!((0..h.committable).all(|pos| acked_positions.contains(&pos)));
+    }
+    (tally, hand_off)
 }
 
-/// One life of the consumer process. `crash_after`: force-stop once that
-/// many records were acked in total.
-fn run(broker: &Arc<Broker>, store: &Arc<Store>, crash_after: Option<usize>) -> Tally {
+/// The rebalance of one consumer life: move `partition` to another node
+/// once `after` records were acked in total.
+#[derive(Clone, Copy)]
+struct Rebalance {
+    partition: usize,
+    after: usize,
+}
+
+/// What one consumer life did: its own tally, the hand-off (if it gave a
+/// partition away) and what the new owner of that partition did.
+struct Life {
+    tally: Tally,
+    hand_off: Option<HandOff>,
+    new_owner: Tally,
+}
+
+/// A node: an executor of 2 workers, the store-writing handler, and a
+/// receiver per partition it owns (each its own source, 64 in flight).
+fn node(
+    name: &str,
+    store: &Arc<Store>,
+) -> (KeyedExecutor, keyed_executor::Dispatcher<u64, Record, ()>) {
     let executor = KeyedExecutor::builder()
         .workers(2)
-        .thread_name("consumer")
+        .thread_name(name)
         .build()
         .expect("valid settings");
     let s = store.clone();
@@ -260,37 +384,83 @@ fn run(broker: &Arc<Broker>, store: &Arc<Store>, crash_after: Option<usize>) -> 
         let store = s.clone();
         async move { store.apply(r).await }
     }));
-    let tallies = std::thread::scope(|scope| {
-        let consumers: Vec<_> = (0..PARTITIONS)
+    (executor, dispatcher)
+}
+
+/// One life of the consumer process. `crash_after`: force-stop once that
+/// many records were acked in total. `rebalance`: hand one partition to a
+/// second node midway.
+fn run(
+    broker: &Arc<Broker>,
+    store: &Arc<Store>,
+    crash_after: Option<usize>,
+    rebalance: Option<Rebalance>,
+) -> Life {
+    let (executor, dispatcher) = node("consumer", store);
+    let revoked: Vec<AtomicBool> = (0..PARTITIONS).map(|_| AtomicBool::new(false)).collect();
+    let wait_for = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while broker.acked() < n {
+            assert!(Instant::now() < deadline, "consumers stalled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    std::thread::scope(|scope| {
+        let mut consumers: Vec<_> = (0..PARTITIONS)
             .map(|p| {
                 let receiver = dispatcher.receiver(64).expect("max_in_flight > 0");
-                let broker = &**broker;
-                scope.spawn(move || consume(p, broker, &receiver))
+                let (broker, revoked) = (&**broker, &revoked[p]);
+                Some(scope.spawn(move || consume(p, broker, &receiver, revoked)))
             })
             .collect();
+        let mut hand_off = None;
+        let mut new_owner = None;
+        if let Some(r) = rebalance {
+            wait_for(r.after);
+            // Revoke: the old owner drains (or stops) its source and acks;
+            // only once it returned does the new node start the partition,
+            // the nacked records first.
+            revoked[r.partition].store(true, Ordering::SeqCst);
+            let (tally, h) = consumers[r.partition]
+                .take()
+                .expect("spawned")
+                .join()
+                .expect("consumer");
+            hand_off = Some((tally, h.expect("revoked")));
+            let broker = &**broker;
+            let partition = r.partition;
+            new_owner = Some(scope.spawn(move || {
+                let (executor, dispatcher) = node("new-owner", store);
+                let receiver = dispatcher.receiver(64).expect("max_in_flight > 0");
+                let (tally, _) = consume(partition, broker, &receiver, &AtomicBool::new(false));
+                drop(receiver);
+                assert!(executor.shutdown(Duration::from_secs(10)));
+                tally
+            }));
+        }
         if let Some(n) = crash_after {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while broker.acked() < n {
-                assert!(Instant::now() < deadline, "consumers stalled");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_for(n);
             // The crash: nothing new starts, queued records come back on
             // this thread, pending writes are dropped.
             executor.shutdown_now();
         }
-        consumers
+        let mut tally = consumers
             .into_iter()
-            .map(|c| c.join().expect("consumer"))
-            .collect::<Vec<_>>()
-    });
-    if crash_after.is_none() {
-        assert!(executor.shutdown(Duration::from_secs(10)));
-    }
-    tallies.into_iter().fold(Tally::default(), |a, t| Tally {
-        acked: a.acked + t.acked,
-        rejected: a.rejected + t.rejected,
-        cancelled: a.cancelled + t.cancelled,
-        refused: a.refused + t.refused,
+            .flatten()
+            .map(|c| c.join().expect("consumer").0)
+            .fold(Tally::default(), Tally::add);
+        if let Some((t, _)) = hand_off {
+            tally = tally.add(t);
+        }
+        let new_owner = new_owner.map_or(Tally::default(), |c| c.join().expect("new owner"));
+        if crash_after.is_none() {
+            assert!(executor.shutdown(Duration::from_secs(10)));
+        }
+        Life {
+            tally,
+            hand_off: hand_off.map(|(_, h)| h),
+            new_owner,
+        }
     })
 }
 
@@ -303,14 +473,29 @@ fn main() {
     );
 
     let started = Instant::now();
-    let first = run(&broker, &store, Some(total * 2 / 5));
+    let rebalance = Rebalance {
+        partition: 3,
+        after: total / 5,
+    };
+    let life = run(&broker, &store, Some(total * 2 / 5), Some(rebalance));
+    let h = life.hand_off.expect("the partition was handed off");
+    println!(
+        "rebalance: partition {} closed and {} (commit point {} of {} positions), then started on the new owner, \
+         which applied and acked {}",
+        rebalance.partition,
+        if h.drained { "drained in time" } else { "stopped at the deadline" },
+        h.committable,
+        h.accepted,
+        life.new_owner.acked,
+    );
+    let first = life.tally;
     println!(
         "first executor: {} applied and acked, then shutdown_now(): {} handed back queued (Rejected), \
          {} dropped mid-write (Cancelled), {} refused at submit (Closed) -> all nacked",
         first.acked, first.rejected, first.cancelled, first.refused
     );
 
-    let second = run(&broker, &store, None);
+    let second = run(&broker, &store, None, None).tally;
     let elapsed = started.elapsed();
     println!(
         "second executor: {} applied and acked ({} of them redelivered after the crash)",
@@ -320,7 +505,10 @@ fn main() {
 
     // Verify: every record applied exactly once, in per-key order (the
     // store asserted the order as it went), and acked.
-    assert_eq!(first.acked + second.acked, total as u64);
+    assert_eq!(
+        first.acked + life.new_owner.acked + second.acked,
+        total as u64
+    );
     assert_eq!(broker.acked(), total);
     assert_eq!(store.writes.load(Ordering::Relaxed), total as u64);
     let applied = store.applied.lock().unwrap();
@@ -335,6 +523,6 @@ fn main() {
         );
     }
     println!(
-        "verified in {elapsed:.2?}: {total} records applied exactly once, each key's in order across the restart, all acked"
+        "verified in {elapsed:.2?}: {total} records applied exactly once, each key's in order across the hand-off and the restart, never on two nodes at once, all acked"
     );
 }
