@@ -273,6 +273,7 @@ pub use completion::{Completion, Outcome};
 pub use error::{ConfigError, Panic, SubmitError, TaskError};
 pub use lanes::{BatchResult, Kernel, LaneError, Lanes};
 pub use limit::InFlightLimit;
+pub use pool::batch::{BatchError, Positions, SendBatchFuture};
 pub use pool::config::{
     Builder, DEFAULT_MAX_IN_FLIGHT, DEFAULT_THREAD_NAME, DEFAULT_THROUGHPUT, MAX_SPIN,
 };

@@ -51,11 +51,8 @@ impl SendTo for KeyedSender {
 /// `poll()`) to the crate in one call: fire-and-forget, blocking for
 /// credit, the whole batch in order.
 pub fn send_poll(receiver: &Receiver<u64, Msg, ()>, poll: Vec<(u64, Msg)>) {
-    // switch to receiver.send_batch(poll) once the crate has it
-    for (k, m) in poll {
-        if receiver.send(k, m).is_err() {
-            panic!("keyed-executor: message refused (executor closed)");
-        }
+    if receiver.send_batch(poll).is_err() {
+        panic!("keyed-executor: batch refused (executor closed)");
     }
 }
 

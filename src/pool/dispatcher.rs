@@ -69,7 +69,7 @@ use crate::pool::inbox::Inbox;
 use crate::pool::mailbox::{Envelope, Held, Mailbox, Step};
 #[cfg(not(loom))]
 use crate::pool::receiver::WeakCore;
-use crate::pool::receiver::{Core, Receiver, ReceiverBuilder};
+use crate::pool::receiver::{Batch, Core, Receiver, ReceiverBuilder};
 use crate::pool::source::{wait_all_drained, Ended, Source, SourceRef};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;
@@ -596,6 +596,15 @@ where
             this.reject_late(port);
             return Ok(position);
         }
+        Self::schedule_port(this, worker);
+        Ok(position)
+    }
+
+    /// After a push to `worker`'s inbox (and a fence): queues the port's
+    /// task unless it is queued or running already.
+    #[inline]
+    fn schedule_port(this: &Arc<Self>, worker: usize) {
+        let port = &this.ports[worker];
         if port.state.load(SeqCst) == PORT_IDLE
             && port
                 .state
@@ -613,7 +622,62 @@ where
                 this.shared.schedule(worker, task);
             }
         }
-        Ok(position)
+    }
+
+    /// Accepts a batch of one source, every message holding its own unit,
+    /// in order; returns the first of its consecutive positions. The keys'
+    /// hashes are computed first (user code: a panic reaches the caller
+    /// before anything was accepted); positions are taken once, and each
+    /// port touched gets one fence and one schedule check for the whole
+    /// batch. If the dispatcher or the source is closed, every message is
+    /// handed back, in order.
+    fn enqueue_batch(
+        this: &Arc<Self>,
+        batch: Batch<K, M, H::Output>,
+    ) -> Result<u64, Batch<K, M, H::Output>> {
+        let Some((_, first)) = batch.first() else {
+            return Ok(0);
+        };
+        let source = first.held.source.get();
+        if source.is_closed() || this.refuses() {
+            return Err(batch);
+        }
+        let hashes: Vec<u64> = batch.iter().map(|(k, _)| this.hasher.hash_one(k)).collect();
+        let n = batch.len() as u64;
+        let start = source.take_positions(n);
+        if source.is_closed() || this.refuses() {
+            for p in start..start + n {
+                source.record(source.other_row(), p, Ended::Returned);
+            }
+            return Err(batch);
+        }
+        // Ports touched, in first-touch order.
+        let mut touched: Vec<usize> = Vec::new();
+        for (i, ((key, mut env), hash)) in batch.into_iter().zip(hashes).enumerate() {
+            env.held.position = start + i as u64;
+            let b = this.bucket_of(hash);
+            let word = this.routes[b].fetch_add(1, SeqCst);
+            let worker = match worker_of(word) {
+                UNPLACED => this.place(b, word + 1),
+                w => w as usize,
+            };
+            this.ports[worker].inbox.push(Delivery { key, hash, env });
+            if !touched.contains(&worker) {
+                touched.push(worker);
+            }
+        }
+        fence(SeqCst);
+        for worker in touched {
+            let port = &this.ports[worker];
+            if port.closed.load(SeqCst) {
+                // As in `enqueue`: a force stop may have emptied the inbox
+                // before our pushes landed.
+                this.reject_late(port);
+                continue;
+            }
+            Self::schedule_port(this, worker);
+        }
+        Ok(start)
     }
 
     /// Looks a delivery's key up among the port's active mailboxes (the
@@ -1372,6 +1436,10 @@ where
     #[inline]
     fn enqueue(&self, key: K, env: Envelope<M, H::Output>) -> Result<u64, Envelope<M, H::Output>> {
         DispatcherInner::enqueue(&self.0, key, env)
+    }
+
+    fn enqueue_batch(&self, batch: Batch<K, M, H::Output>) -> Result<u64, Batch<K, M, H::Output>> {
+        DispatcherInner::enqueue_batch(&self.0, batch)
     }
 
     fn is_closed(&self) -> bool {

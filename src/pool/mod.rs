@@ -10,6 +10,7 @@
 //! - `handler.rs`: what a dispatcher runs for a message, sync or async.
 //! - `dispatcher.rs`: one handler, its keys' pins and its per-worker inboxes.
 //! - `receiver.rs`: the sources that feed a dispatcher, with their credit.
+//! - `batch.rs`: a receiver's batched sends (`send_batch` and its forms).
 //! - `source.rs`: a receiver's shared state: credit, positions, the commit
 //!   point, and whether it takes messages.
 //! - `mailbox.rs`: one key's queue, its running future and its state machine.
@@ -20,6 +21,7 @@
 //! - `spawn.rs`: `futures_task::Spawn` for unkeyed futures.
 //! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
 
+pub(crate) mod batch;
 pub(crate) mod config;
 pub(crate) mod dispatcher;
 pub(crate) mod executor;

@@ -42,6 +42,9 @@ use crate::pool::worker;
 use crate::sync::{thread, Arc};
 use crate::waiter::Waiter;
 
+/// A chunk of a batch on its way in: keys and their envelopes, in order.
+pub(crate) type Batch<K, M, O> = Vec<(K, Envelope<M, O>)>;
+
 /// The type-erased face of a dispatcher that handles and receivers hold.
 /// (Defined here, implemented by `dispatcher.rs`: the receiver states what
 /// it needs from a dispatcher.)
@@ -50,6 +53,11 @@ pub(crate) trait Core<K, M, O>: Send + Sync {
     /// or hands it back if the executor, the dispatcher or the source is
     /// closed.
     fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<u64, Envelope<M, O>>;
+    /// Accepts a batch of one source in order (each message holding one of
+    /// its own units) and returns its first position, or hands every
+    /// message back, in order, if the executor, the dispatcher or the
+    /// source is closed.
+    fn enqueue_batch(&self, batch: Batch<K, M, O>) -> Result<u64, Batch<K, M, O>>;
     /// The executor or the dispatcher refuses new messages.
     fn is_closed(&self) -> bool;
     fn live_mailboxes(&self) -> usize;
@@ -88,7 +96,7 @@ pub const MIN_DEFAULT_COMMIT_SPAN: usize = 4096;
 #[cfg(loom)]
 pub const MIN_DEFAULT_COMMIT_SPAN: usize = 4;
 
-fn task_waiter(waker: &Waker) -> impl Fn(&mut Option<Waiter>) + '_ {
+pub(super) fn task_waiter(waker: &Waker) -> impl Fn(&mut Option<Waiter>) + '_ {
     move |slot| Waiter::register_task(slot, waker)
 }
 
@@ -104,7 +112,7 @@ const DRAIN_RECHECK: Duration = Duration::from_millis(1);
 
 /// The unit of credit a message about to be accepted holds.
 #[derive(Clone, Copy)]
-enum Unit {
+pub(super) enum Unit {
     /// One of its own receiver's.
     Own,
     /// A share of the running message's, passed on to its follow-up.
@@ -182,8 +190,8 @@ enum Unit {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Receiver<K, M, O> {
-    core: Box<dyn Core<K, M, O>>,
-    source: SourceHandle,
+    pub(super) core: Box<dyn Core<K, M, O>>,
+    pub(super) source: SourceHandle,
 }
 
 /// Builds a [`Receiver`]: its credit and its commit span. Made by
@@ -314,8 +322,10 @@ impl<K, M, O> Receiver<K, M, O> {
         self.source.source().span()
     }
 
-    /// Messages this receiver (and its clones) accepted so far: the next
-    /// position.
+    /// Positions this receiver (and its clones) gave out so far: the next
+    /// position. A submission that races a stop may take a position and
+    /// then be refused (`Closed`, the message handed back); its position is
+    /// resolved as returned, so the commit point stops there.
     pub fn accepted(&self) -> u64 {
         self.source.source().positions()
     }
@@ -501,7 +511,7 @@ impl<K, M, O> Receiver<K, M, O> {
     /// A unit without waiting: one of ours, else (from a handler) the
     /// running message's.
     #[inline]
-    fn unit_now(&self) -> Result<Unit, Refused> {
+    pub(super) fn unit_now(&self) -> Result<Unit, Refused> {
         let source = self.source.source();
         if source.is_closed() || self.core.is_closed() {
             return Err(Refused::Closed);
@@ -517,7 +527,7 @@ impl<K, M, O> Receiver<K, M, O> {
 
     /// A unit, waiting for one outside a handler.
     #[inline]
-    fn unit_blocking(&self) -> Result<Unit, Refused> {
+    pub(super) fn unit_blocking(&self) -> Result<Unit, Refused> {
         let source = self.source.source();
         // With credit at hand the dispatcher's own check refuses a closed
         // executor; without, look before anything else.
@@ -601,7 +611,7 @@ impl<K, M, O> Receiver<K, M, O> {
 }
 
 /// Undoes a unit taken for a message that was not accepted.
-fn give_back(me: SourceRef, unit: Unit) {
+pub(super) fn give_back(me: SourceRef, unit: Unit) {
     match unit {
         // SAFETY: the refused message held this unit.
         Unit::Own => unsafe { me.release(1) },
@@ -615,7 +625,7 @@ fn give_back(me: SourceRef, unit: Unit) {
 
 /// Why a submission was refused before it got a unit.
 #[derive(Clone, Copy)]
-enum Refused {
+pub(super) enum Refused {
     Full,
     Closed,
 }

@@ -480,6 +480,40 @@ impl Source {
         }
     }
 
+    /// Takes up to `n` units at once (a batch), as many as are free and as
+    /// the span below its cap allows; returns how many (0 if none).
+    pub(crate) fn try_acquire_many(&self, n: u64) -> u64 {
+        if n == 0 || self.span_full() {
+            return 0;
+        }
+        // Room in the span (a stale `next` errs on the small side).
+        let room = self.span.saturating_sub(
+            self.hot
+                .next
+                .load(Relaxed)
+                .saturating_sub(self.points.committed.load(Relaxed)),
+        );
+        let want = n.min(room.max(1));
+        let word = &self.hot.word;
+        let mut cur = cas_guess(word);
+        loop {
+            let mut free = self.max.saturating_sub(cur & IN_FLIGHT_MASK);
+            if free == 0 {
+                // As in `try_acquire`: a failing acquire reads with SeqCst.
+                cur = word.load(SeqCst);
+                free = self.max.saturating_sub(cur & IN_FLIGHT_MASK);
+                if free == 0 {
+                    return 0;
+                }
+            }
+            let take = want.min(free);
+            match word.compare_exchange_weak(cur, cur + take, SeqCst, Relaxed) {
+                Ok(_) => return take,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
     /// Retries [`try_acquire`](Self::try_acquire) for up to
     /// [`CREDIT_SPIN`], yielding the thread between rounds, before a
     /// blocking caller registers as a waiter: workers give units back a few
@@ -576,6 +610,11 @@ impl Source {
     #[inline]
     pub(crate) fn take_position(&self) -> u64 {
         self.hot.next.fetch_add(1, Relaxed)
+    }
+
+    /// Takes `n` consecutive positions (a batch); returns the first.
+    pub(crate) fn take_positions(&self, n: u64) -> u64 {
+        self.hot.next.fetch_add(n, Relaxed)
     }
 
     /// Positions taken so far.
