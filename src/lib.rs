@@ -75,6 +75,78 @@
 //!   back on the calling thread and cancels suspended futures. Dropping the
 //!   last `KeyedExecutor` handle does the latter: no thread is left behind.
 //!
+//! # Partitions, commits and sagas
+//!
+//! - **One source stops on its own.** A partitioned consumer gives each
+//!   partition its own [`Receiver`]. On a rebalance, [`Receiver::close`]
+//!   refuses that partition's new records, [`Receiver::shutdown`] (or
+//!   [`Receiver::shutdown_async`]) waits until what it accepted finished,
+//!   and [`Receiver::shutdown_now`] hands back what is still queued and
+//!   cancels its suspended futures: after it returns, none of its messages
+//!   starts, so another node may take the partition over. The other
+//!   receivers, even on the same keys and workers, go on.
+//!   [`Dispatcher::shutdown`] and [`Dispatcher::shutdown_now`] do the same
+//!   for one component.
+//! - **What to commit.** Every accepted message gets a position (0, 1, 2, …
+//!   per receiver), returned by every submit and send;
+//!   [`Receiver::committable`] is how many leading positions all finished —
+//!   what a consumer commits when keys finish out of order. A message handed
+//!   back or cancelled is never passed (it will be delivered again).
+//! - **Batches.** [`Receiver::send_batch`] hands over one poll of records in
+//!   one call, paying credit, positions and wake-ups per batch.
+//! - **Sagas: handlers that send.** A handler may send to other keys of its
+//!   own executor: from a handler a submit never waits for credit — it
+//!   takes a free unit, else shares the running message's own unit (once
+//!   per message), else is refused with [`SubmitError::Full`]. So one
+//!   follow-up per message never deadlocks the pool, whatever the credit.
+//!   Give the handler a [`WeakReceiver`] ([`Receiver::downgrade`]) to its
+//!   own dispatcher, so it keeps nothing alive:
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::{Arc, OnceLock};
+//! use keyed_executor::{handler, KeyedExecutor, WeakReceiver};
+//!
+//! /// A saga's steps: an order is placed, then paid, then shipped.
+//! #[derive(Debug, Clone, Copy, PartialEq)]
+//! enum Step { Place, Pay, Ship }
+//!
+//! let executor = KeyedExecutor::builder().workers(2).build()?;
+//! let me: Arc<OnceLock<WeakReceiver<u64, Step, ()>>> = Arc::default();
+//! let shipped = Arc::new(AtomicUsize::new(0));
+//! let (m, s) = (me.clone(), shipped.clone());
+//! let orders = executor.dispatcher(handler::from_fn(move |order: &u64, step: Step| {
+//!     let next = match step {
+//!         Step::Place => Some(Step::Pay),
+//!         Step::Pay => Some(Step::Ship),
+//!         Step::Ship => {
+//!             s.fetch_add(1, Ordering::SeqCst);
+//!             None
+//!         }
+//!     };
+//!     if let (Some(next), Some(rx)) = (next, m.get().and_then(WeakReceiver::upgrade)) {
+//!         // Never waits here, even with the credit all taken.
+//!         rx.send(*order, next).expect("one follow-up always goes through");
+//!     }
+//! }));
+//! let receiver = orders.receiver(1)?; // even with one unit of credit
+//! me.set(receiver.downgrade()).ok();
+//! for order in 0..100 {
+//!     receiver.send(order, Step::Place)?;
+//! }
+//! while shipped.load(Ordering::SeqCst) < 100 {
+//!     std::thread::sleep(std::time::Duration::from_millis(1));
+//! }
+//! assert!(receiver.shutdown(std::time::Duration::from_secs(10)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A stop refuses follow-ups like any new message (`Closed`): let a saga
+//! reach its end before closing its receiver. What deadlocks is waiting, inside a handler, for a
+//! message of the handler's own key (it queues behind the handler), or
+//! blocking a sync handler's thread on a completion whose key needs that
+//! worker; see [`Receiver`].
+//!
 //! # Two front-ends
 //!
 //! | | [`KeyedExecutor`] | [`Lanes`] |

@@ -668,6 +668,7 @@ type Accepted<O, M> = Result<(u64, Option<Arc<Slot<O, M>>>), SubmitError<M>>;
 /// a `Receiver`), like tokio's `WeakSender`.
 ///
 /// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
 /// use std::sync::{Arc, OnceLock};
 /// use keyed_executor::{handler, KeyedExecutor, WeakReceiver};
 ///
@@ -675,8 +676,10 @@ type Accepted<O, M> = Result<(u64, Option<Arc<Slot<O, M>>>), SubmitError<M>>;
 /// // A saga: each step forwards the next one to the next key, through a
 /// // weak handle to its own dispatcher (no reference cycle).
 /// let next: Arc<OnceLock<WeakReceiver<u32, u32, ()>>> = Arc::new(OnceLock::new());
-/// let n = next.clone();
+/// let steps = Arc::new(AtomicUsize::new(0));
+/// let (n, s) = (next.clone(), steps.clone());
 /// let dispatcher = executor.dispatcher(handler::from_fn(move |key: &u32, hops: u32| {
+///     s.fetch_add(1, Ordering::SeqCst);
 ///     if hops > 0 {
 ///         if let Some(r) = n.get().and_then(|w| w.upgrade()) {
 ///             // From a handler this never waits for credit.
@@ -687,6 +690,10 @@ type Accepted<O, M> = Result<(u64, Option<Arc<Slot<O, M>>>), SubmitError<M>>;
 /// let receiver = dispatcher.receiver(2)?;
 /// next.set(receiver.downgrade()).ok();
 /// receiver.send(0, 5)?;
+/// // A stop refuses follow-ups too: let the saga end first.
+/// while steps.load(Ordering::SeqCst) < 6 {
+///     std::thread::sleep(std::time::Duration::from_millis(1));
+/// }
 /// assert!(executor.shutdown(std::time::Duration::from_secs(5)));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
