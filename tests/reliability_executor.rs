@@ -622,6 +622,9 @@ enum StopPlan {
     Force,
     InsideGraceful,
     InsideForce,
+    /// Receivers stop one by one at once (`Receiver::shutdown_now`), then
+    /// a dispatcher (`Dispatcher::shutdown_now`), then the executor.
+    SourcesThenForce,
 }
 
 #[derive(Debug, Clone)]
@@ -653,12 +656,13 @@ impl Plan {
         let rx_max = rx_disp.iter().map(|_| rng.range(1, 12) as usize).collect();
         let producers = rng.range(2, 3) as usize;
         let per_producer = rng.range(20, 220);
-        let stop = match rng.below(5) {
+        let stop = match rng.below(6) {
             0 => StopPlan::Graceful,
             1 => StopPlan::GracefulShortThenForce,
             2 => StopPlan::Force,
             3 => StopPlan::InsideGraceful,
-            _ => StopPlan::InsideForce,
+            4 => StopPlan::InsideForce,
+            _ => StopPlan::SourcesThenForce,
         };
         Plan {
             workers: rng.range(1, 3) as usize,
@@ -980,6 +984,21 @@ fn run_round(seed: u64, tally: &mut Tally) {
             !drained
         }
         StopPlan::Force => {
+            executor.shutdown_now();
+            true
+        }
+        StopPlan::SourcesThenForce => {
+            // A random order, producers still sending: each stopped source
+            // refuses from then on, the others go on until their turn.
+            let mut order: Vec<usize> = (0..rxs.len()).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            for i in order {
+                rxs[i].shutdown_now();
+                assert!(rxs[i].is_closed());
+            }
+            dispatchers[rng.below(dispatchers.len() as u64) as usize].shutdown_now();
             executor.shutdown_now();
             true
         }

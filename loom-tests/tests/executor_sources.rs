@@ -509,3 +509,51 @@ fn a_batch_vs_receiver_shutdown_now() {
         ],
     );
 }
+
+static CLOSE_ENDS: [StdCounter; 2] = [ZERO; 2];
+
+/// One worker: a loom thread sends message 1 while the main thread closes
+/// the receiver. The message is refused `Closed` (handed back), or
+/// accepted and then run — a close hands nothing back; once `close`
+/// returned every send is refused; the commit point passes what ran.
+#[test]
+fn receiver_close_vs_send() {
+    model("receiver_close_vs_send", || {
+        let log = Log::new();
+        let ex = executor(1, 16);
+        let d = ex
+            .dispatcher_builder(Script::new(&log))
+            .hasher(Fixed::default())
+            .build();
+        let r = d.receiver(2).unwrap();
+        let r2 = r.clone();
+        let sender = thread::spawn(move || match r2.send(0, Msg::now(1)) {
+            Ok(position) => {
+                assert_eq!(position, 0);
+                true
+            }
+            Err(SubmitError::Closed(msg)) => {
+                assert_eq!(msg.id, 1, "the refused message is handed back");
+                false
+            }
+            Err(e) => panic!("unexpected {e:?}"),
+        });
+        r.close();
+        assert!(r.try_send(0, Msg::now(2)).unwrap_err().is_closed());
+        let accepted = sender.join().unwrap();
+        assert!(r.shutdown(LONG), "drained");
+        assert_eq!(log.ended(1), accepted, "accepted ⇔ ran");
+        assert!(!log.started(2));
+        assert_eq!(r.committable(), u64::from(accepted));
+        ex.shutdown_now();
+        assert_eq!(r.in_flight(), 0);
+        CLOSE_ENDS[usize::from(accepted)].fetch_add(1, Relaxed);
+    });
+    assert_all_seen(
+        "receiver_close_vs_send",
+        &[
+            ("refused", &CLOSE_ENDS[0]),
+            ("accepted and ran", &CLOSE_ENDS[1]),
+        ],
+    );
+}
