@@ -27,7 +27,10 @@ fn redis_or_skip() -> Option<server::RedisServer> {
             println!("SKIPPED broker_redis: {e} (install redis-server, or set KEYED_REQUIRE_REDIS=1 to make this a failure)");
             None
         }
-        Err(e) => panic!("KEYED_REQUIRE_REDIS=1 or an installed server that failed: {e}"),
+        Err(e @ server::StartError::NotInstalled) => {
+            panic!("KEYED_REQUIRE_REDIS=1, but {e} (apt-get install redis-server)")
+        }
+        Err(e) => panic!("{e}"),
     }
 }
 
