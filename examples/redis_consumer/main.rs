@@ -178,9 +178,9 @@ fn selfcheck(args: &Args) -> Result<(), Box<dyn Error>> {
         );
     }
     println!(
-        "  crash        b died with at least {} applied records unacked; a took {} partitions over \
-         and claimed {} pending entries: {} duplicates skipped",
-        report.applied_unacked_by_b,
+        "  crash        b died with {} finished records not acked, and its writes in flight; a took \
+         {} partitions over and claimed {} pending entries: {} duplicates skipped",
+        report.finished_unacked_by_b,
         takeovers,
         claimed,
         report.crash_duplicates()
