@@ -286,16 +286,20 @@ struct Link {
     client: Client,
     name: String,
     config: AsyncConnectionConfig,
+    /// Set when the consumer dies: nothing more goes out (what was sent
+    /// before still arrives, as when a process is killed).
+    cut: Arc<AtomicBool>,
     /// The connection and its generation (so that a caller failing on an
     /// old one does not throw away a newer one).
     conn: Mutex<(u64, Option<MultiplexedConnection>)>,
 }
 
 impl Link {
-    fn new(client: Client, name: String, response_timeout: Duration) -> Link {
+    fn new(client: Client, name: String, response_timeout: Duration, cut: Arc<AtomicBool>) -> Link {
         Link {
             client,
             name,
+            cut,
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(Duration::from_secs(2)))
                 .set_response_timeout(Some(response_timeout)),
@@ -304,6 +308,9 @@ impl Link {
     }
 
     async fn get(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe).into());
+        }
         let cached = {
             let slot = self.conn.lock().unwrap();
             slot.1.clone().map(|c| (slot.0, c))
@@ -776,6 +783,8 @@ struct Shared {
     stats: Arc<Stats>,
     /// Test hook: acks stop going out (see [`Consumer::stall_acks`]).
     stall_acks: AtomicBool,
+    /// Every link's cut-off switch (see [`Consumer::crash`]).
+    cut: Arc<AtomicBool>,
     owned: Mutex<BTreeSet<usize>>,
     /// A partition's loop ended: the control loop releases its lease now
     /// rather than at the next tick.
@@ -802,6 +811,7 @@ impl Shared {
             self.client.clone(),
             format!("ledger:{}:{role}", self.cfg.name),
             timeout,
+            self.cut.clone(),
         )
     }
 }
@@ -834,11 +844,13 @@ impl Consumer {
             .build()?;
         let client = Client::open(cfg.url.as_str())?;
         let stats = Arc::new(Stats::default());
+        let cut = Arc::new(AtomicBool::new(false));
         let store = Arc::new(Store {
             link: Link::new(
                 client.clone(),
                 format!("ledger:{}:apply", cfg.name),
                 Duration::from_secs(2),
+                cut.clone(),
             ),
             apply: Script::new(APPLY),
             stats: stats.clone(),
@@ -861,6 +873,7 @@ impl Consumer {
             store,
             stats,
             stall_acks: AtomicBool::new(false),
+            cut,
             owned: Mutex::new(BTreeSet::new()),
             ended: tokio::sync::Notify::new(),
             events,
@@ -918,16 +931,19 @@ impl Consumer {
         left && stopped
     }
 
-    /// Dies: force-stops its executor (queued records handed back, running
-    /// writes cancelled: none of them acked) and drops its runtime with
-    /// every connection, without releasing anything or leaving the group.
-    /// Its entries stay pending until a survivor claims them.
+    /// Dies as a killed process does: from this instant nothing more of
+    /// it reaches Redis (what it had sent still lands: writes in flight,
+    /// an ack on the wire); then its executor is force-stopped and its
+    /// runtime dropped with every connection. Nothing is released, it does
+    /// not leave the group: its entries stay pending — records applied but
+    /// not acked included — until a survivor claims them.
     pub fn crash(mut self) {
         self.die();
     }
 
     fn die(&mut self) {
         if let Some(runtime) = self.runtime.take() {
+            self.shared.cut.store(true, Ordering::SeqCst);
             self.executor.shutdown_now();
             runtime.shutdown_background();
         }
