@@ -920,9 +920,10 @@ impl Consumer {
         let _ = self.leave.send(true);
         let runtime = self.runtime.take().expect("running");
         let control = self.control.take().expect("running");
-        let left = runtime
-            .block_on(async { tokio::time::timeout(timeout, control).await })
-            .is_ok();
+        let left = matches!(
+            runtime.block_on(async { tokio::time::timeout(timeout, control).await }),
+            Ok(Ok(()))
+        );
         if !left {
             self.executor.shutdown_now();
         }
