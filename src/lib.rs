@@ -261,6 +261,7 @@ mod completion;
 pub mod error;
 pub mod lanes;
 pub mod limit;
+mod metrics;
 mod pool;
 mod trace;
 mod waiter;
@@ -276,8 +277,14 @@ pub use pool::dispatcher::{DefaultHashBuilder, DefaultHasher, Dispatcher, Dispat
 pub use pool::executor::KeyedExecutor;
 #[doc(inline)]
 pub use pool::handler;
+pub use pool::observe::SlowStep;
 pub use pool::receiver::{Receiver, SendFuture, SubmitFuture};
-pub use pool::stats::{ExecutorStats, SpawnedStats, WorkerState, WorkerStats};
+pub use pool::stats::{
+    CurrentStep, DispatcherStats, ExecutorStats, SpawnedStats, WorkerState, WorkerStats,
+};
+
+#[cfg(feature = "metrics")]
+pub use crate::metrics::DEFAULT_METRICS_SAMPLING;
 
 /// Internals that the loom models in `loom-tests/` check directly (built
 /// with `--cfg loom` only; not part of the API).

@@ -63,12 +63,13 @@ use crossbeam_utils::CachePadded;
 use crate::completion::{Outcome, Slot};
 use crate::error::{ConfigError, Panic, TaskError};
 use crate::pool::config::DEFAULT_MAX_IN_FLIGHT;
-use crate::pool::credit::CreditRef;
 use crate::pool::executor::{KeyedExecutor, Shared};
 use crate::pool::handler::Handler;
 use crate::pool::inbox::Inbox;
 use crate::pool::mailbox::{Envelope, Mailbox, Step};
+use crate::pool::observe::Identity;
 use crate::pool::receiver::{Core, Receiver};
+use crate::pool::source::CreditRef;
 use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::fence;
@@ -495,6 +496,8 @@ pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     /// User-facing handles (`Dispatcher`s and `Receiver`s).
     handles: AtomicUsize,
     id: u64,
+    /// Its name and metrics handles (see `observe.rs`).
+    pub(crate) ident: Identity,
 }
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
@@ -537,7 +540,7 @@ where
     fn enqueue(
         this: &Arc<Self>,
         key: K,
-        env: Envelope<M, H::Output>,
+        mut env: Envelope<M, H::Output>,
     ) -> Result<(), Envelope<M, H::Output>> {
         // The key's `Hash` is user code: a panic here reaches the submitter
         // (whose credit unit is given back by the receiver).
@@ -547,6 +550,7 @@ where
         }
         let b = this.bucket_of(hash);
         let word = this.routes[b].fetch_add(1, SeqCst);
+        env.stamp = this.shared.metrics.stamp(sent_of(word));
         let worker = match worker_of(word) {
             UNPLACED => this.place(b, word + 1),
             w => w as usize,
@@ -685,6 +689,7 @@ where
             return true;
         }
         gate.bucket(b, this.routes.len()).live -= 1;
+        cx.metrics.mailboxes(&this.ident.metrics, -1);
         gate.turns
             .record(hash, spent.min(u32::MAX as usize) as u32, cx.tick());
         // SAFETY: as above: the queue is empty, no future is stored.
@@ -702,6 +707,7 @@ where
     /// A message whose key's `Eq`/`Clone` panicked in a port: it fails as
     /// panicked (without the `on_panic` hook, which needs the key).
     fn fail_unkeyed(&self, env: Envelope<M, H::Output>, panic: Panic) {
+        self.ident.metrics.finished_direct(false);
         let Envelope { reply, credit, .. } = env;
         // SAFETY: the failed message held this unit.
         unsafe { credit.release(1) };
@@ -811,6 +817,7 @@ where
                                 gate = port.gate.lock();
                                 continue;
                             }
+                            cx.metrics.mailboxes(&this.ident.metrics, 1);
                         }
                         drop(gate);
                         Mailbox::after_pending(slot, cx);
@@ -833,6 +840,7 @@ where
                     gate = port.gate.lock();
                     continue;
                 }
+                cx.metrics.mailboxes(&this.ident.metrics, 1);
                 // SAFETY: free, assigned, under the gate.
                 unsafe { m.schedule_with(env) };
                 drop(gate);
@@ -912,14 +920,18 @@ where
         let counters = &self.shared.workers[worker].counters;
         match &outcome {
             // Only this worker's thread writes these two: no RMW needed.
-            Ok(_) => counters
-                .done
-                .store(counters.done.load(Relaxed) + 1, Relaxed),
+            Ok(_) => {
+                counters
+                    .done
+                    .store(counters.done.load(Relaxed) + 1, Relaxed);
+                crate::metrics::finished(cx, &self.ident.metrics, &self.shared.metrics, true);
+            }
             Err(TaskError::Panicked(p)) => {
-                trace::handler_panicked(worker, p);
+                trace::handler_panicked(&self.ident.name, worker, p);
                 counters
                     .panicked
-                    .store(counters.panicked.load(Relaxed) + 1, Relaxed)
+                    .store(counters.panicked.load(Relaxed) + 1, Relaxed);
+                crate::metrics::finished(cx, &self.ident.metrics, &self.shared.metrics, false);
             }
             Err(_) => {}
         }
@@ -955,6 +967,7 @@ where
     }
 
     pub(crate) fn cancelled(&self, worker: usize) {
+        self.ident.metrics.cancelled();
         self.shared.workers[worker]
             .counters
             .cancelled
@@ -967,8 +980,11 @@ where
     where
         K: Clone,
     {
-        let Envelope { msg, reply, credit } = env;
-        trace::message_rejected(reply.is_some());
+        let Envelope {
+            msg, reply, credit, ..
+        } = env;
+        trace::message_rejected(&self.ident.name, reply.is_some());
+        self.ident.metrics.rejected();
         self.shared.rejected.fetch_add(1, Relaxed);
         // SAFETY: the rejected message held this unit; given back first so a
         // caller that sees the rejection sees the unit back.
@@ -1031,7 +1047,7 @@ where
         for port in self.ports.iter() {
             // Take everything out under the gate (which waits for a worker
             // in the middle of a delivery); reject it after, outside.
-            let stopped: Vec<Stopped<K, M, H, S>> = {
+            let (stopped, mailboxes): (Vec<Stopped<K, M, H, S>>, usize) = {
                 let mut gate = port.gate.lock();
                 gate.closed = true;
                 port.closed.store(true, SeqCst);
@@ -1041,9 +1057,11 @@ where
                 let mut out: Vec<_> = std::iter::from_fn(|| unsafe { port.inbox.pop() })
                     .map(Stopped::Delivery)
                     .collect();
+                let mailboxes = gate.active.len();
                 out.extend(gate.active.drain().map(|(_, m)| Stopped::Mailbox(m)));
-                out
+                (out, mailboxes)
             };
+            self.ident.metrics.mailboxes_removed(mailboxes);
             for s in stopped {
                 match s {
                     Stopped::Delivery(d) => {
@@ -1100,6 +1118,8 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     /// Frees its spare mailboxes (it is leaving the registry).
     fn release_spares(&self);
     fn id(&self) -> u64;
+    /// Its name and metrics handles.
+    fn ident(&self) -> &Identity;
     fn clone_box(&self) -> Box<dyn StopTarget>;
 }
 
@@ -1134,6 +1154,10 @@ where
 
     fn id(&self) -> u64 {
         self.0.id
+    }
+
+    fn ident(&self) -> &Identity {
+        &self.0.ident
     }
 
     fn clone_box(&self) -> Box<dyn StopTarget> {
@@ -1183,6 +1207,10 @@ where
         &self.0.shared
     }
 
+    fn ident(&self) -> &Identity {
+        &self.0.ident
+    }
+
     fn clone_box(&self) -> Box<dyn Core<K, M, H::Output>> {
         Box::new(CoreHandle::new(self.0.clone()))
     }
@@ -1227,13 +1255,44 @@ impl<K, M, O> Dispatcher<K, M, O> {
         if max_in_flight == 0 {
             return Err(ConfigError::ZeroMaxInFlight);
         }
-        Ok(Receiver::new(self.core.clone_box(), max_in_flight))
+        Ok(Receiver::new(self.core.clone_box(), max_in_flight, None))
+    }
+
+    /// A new receiver like [`receiver`](Self::receiver), whose
+    /// `keyed_executor_in_flight` series (with the `metrics` feature) is
+    /// labelled `receiver = name` instead of its number in this dispatcher
+    /// (`"0"`, `"1"`, …). Name the receivers of sources that come and go
+    /// (a partition revoked and assigned again): the series is then reused
+    /// rather than a new one made each time. Without the feature the name
+    /// is not kept.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroMaxInFlight`] if `max_in_flight` is 0.
+    pub fn named_receiver(
+        &self,
+        name: impl Into<String>,
+        max_in_flight: usize,
+    ) -> Result<Receiver<K, M, O>, ConfigError> {
+        if max_in_flight == 0 {
+            return Err(ConfigError::ZeroMaxInFlight);
+        }
+        Ok(Receiver::new(
+            self.core.clone_box(),
+            max_in_flight,
+            Some(name.into()),
+        ))
     }
 
     /// A new receiver with the default `max_in_flight`
     /// ([`DEFAULT_MAX_IN_FLIGHT`], 256).
     pub fn default_receiver(&self) -> Receiver<K, M, O> {
-        Receiver::new(self.core.clone_box(), DEFAULT_MAX_IN_FLIGHT)
+        Receiver::new(self.core.clone_box(), DEFAULT_MAX_IN_FLIGHT, None)
+    }
+
+    /// Its name ([`DispatcherBuilder::name`]; by default `dispatcher-{n}`,
+    /// `n` counting this executor's dispatchers from 1).
+    pub fn name(&self) -> &str {
+        &self.core.ident().name
     }
 
     /// Keys with work right now: a mailbox with messages queued, running,
@@ -1263,6 +1322,7 @@ impl<K, M, O> Clone for Dispatcher<K, M, O> {
 impl<K, M, O> fmt::Debug for Dispatcher<K, M, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Dispatcher")
+            .field("name", &self.name())
             .field("live_mailboxes", &self.live_mailboxes())
             .finish()
     }
@@ -1293,12 +1353,14 @@ pub struct DispatcherBuilder<'e, K, M, H, S = DefaultHashBuilder> {
     hasher: S,
     on_reject: Option<RejectHook<K, M>>,
     on_panic: Option<PanicHook<K>>,
+    name: Option<String>,
     _types: PhantomData<fn(K, M)>,
 }
 
 impl<K, M, H, S> fmt::Debug for DispatcherBuilder<'_, K, M, H, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DispatcherBuilder")
+            .field("name", &self.name)
             .field("on_reject", &self.on_reject.is_some())
             .field("on_panic", &self.on_panic.is_some())
             .finish_non_exhaustive()
@@ -1313,6 +1375,7 @@ impl<'e, K, M, H> DispatcherBuilder<'e, K, M, H, DefaultHashBuilder> {
             hasher: DefaultHashBuilder::new(),
             on_reject: None,
             on_panic: None,
+            name: None,
             _types: PhantomData,
         }
     }
@@ -1342,6 +1405,22 @@ where
         self
     }
 
+    /// The dispatcher's name, used in its metrics series (label
+    /// `dispatcher`, with the `metrics` feature), its tracing events (field
+    /// `dispatcher`), [`ExecutorStats::dispatchers`](crate::ExecutorStats::dispatchers),
+    /// [`WorkerStats::current_step`](crate::WorkerStats::current_step) and
+    /// slow-step reports. Default: `dispatcher-{n}`, `n` counting this
+    /// executor's dispatchers from 1.
+    ///
+    /// Any string is taken as it is (`build` cannot fail); names need not
+    /// be unique: dispatchers sharing a name share their series, which is
+    /// what a component re-created after a restart wants. Give names when
+    /// one process has several executors: their default names repeat.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// The hasher for keys (default: [`DefaultHashBuilder`], a fast hash
     /// seeded at random per dispatcher). For keys an adversary chooses and
     /// can probe, `std::hash::RandomState::new()` (SipHash) resists HashDoS
@@ -1357,6 +1436,7 @@ where
             hasher,
             on_reject: self.on_reject,
             on_panic: self.on_panic,
+            name: self.name,
             _types: PhantomData,
         }
     }
@@ -1395,6 +1475,7 @@ where
             on_panic: self.on_panic,
             handles: AtomicUsize::new(0),
             id,
+            ident: Identity::new(id, self.name),
         });
         let handle = CoreHandle::new(inner.clone());
         shared.register(Box::new(Target(inner)));

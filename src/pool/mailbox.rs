@@ -94,9 +94,9 @@ use std::task::{Context, Poll};
 
 use crate::completion::{Outcome, Slot};
 use crate::error::{Panic, TaskError};
-use crate::pool::credit::CreditRef;
 use crate::pool::dispatcher::DispatcherInner;
 use crate::pool::handler::Handler;
+use crate::pool::source::CreditRef;
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};
 use crate::pool::worker::WorkerCx;
@@ -119,12 +119,17 @@ pub(crate) struct Envelope<M, O> {
     pub(crate) reply: Option<Arc<Slot<O, M>>>,
     /// The credit unit this message holds until it finishes.
     pub(crate) credit: CreditRef,
+    /// Its acceptance time if the metrics sample it (zero-sized without
+    /// the `metrics` feature).
+    pub(crate) stamp: crate::metrics::Stamp,
 }
 
 /// Where the running message's outcome goes.
 struct Meta<O, M> {
     reply: Option<Arc<Slot<O, M>>>,
     credit: CreditRef,
+    /// Its first poll, if the metrics sample it.
+    run: crate::metrics::RunStart,
 }
 
 /// What a step of the current message ended with.
@@ -370,13 +375,22 @@ where
         env: Envelope<M, H::Output>,
         cx: &WorkerCx<'_>,
     ) -> Step {
-        let Envelope { msg, reply, credit } = env;
+        let Envelope {
+            msg,
+            reply,
+            credit,
+            stamp,
+        } = env;
         cx.before_start(credit);
         let handler = &this.dispatcher.handler;
         // SAFETY: we own the turn, a key is set (caller's contract).
         let key = unsafe { this.key() };
         // SAFETY: as above.
-        let span = trace::MessageSpan::new(unsafe { this.hash() }, cx.index);
+        let hash = unsafe { this.hash() };
+        let ident = &this.dispatcher.ident;
+        let step = cx.step_begin(ident, hash, stamp.sampled());
+        let run = ident.metrics.first_poll(&stamp, step.started());
+        let span = trace::MessageSpan::new(&ident.name, hash, cx.index);
         let called = catch_unwind(AssertUnwindSafe(|| {
             let _entered = span.enter();
             handler.call(key, msg)
@@ -390,8 +404,10 @@ where
                     match Self::poll_in_place(this) {
                         Poll::Ready(outcome) => outcome,
                         Poll::Pending => {
-                            this.meta
-                                .with_mut(|m| ptr::write(m, Some(Meta { reply, credit })));
+                            let ended = cx.step_end(ident, hash, step);
+                            ident.metrics.polled(&run, step.started(), ended, false);
+                            let meta = Meta { reply, credit, run };
+                            this.meta.with_mut(|m| ptr::write(m, Some(meta)));
                             return Step::Pending;
                         }
                     }
@@ -401,6 +417,8 @@ where
         };
         this.dispatcher
             .finish(key, cx.index, reply, credit, Some(cx), outcome);
+        let ended = cx.step_end(ident, hash, step);
+        ident.metrics.polled(&run, step.started(), ended, true);
         Step::Done
     }
 
@@ -411,8 +429,16 @@ where
     /// The caller owns the mailbox's turn; a future and its `meta` are
     /// stored.
     unsafe fn poll_current(this: &Arc<Self>, wcx: &WorkerCx<'_>) -> Step {
+        let ident = &this.dispatcher.ident;
+        // SAFETY: we own the turn; a mailbox with a future has a key.
+        let hash = unsafe { this.hash() };
+        // SAFETY: we own the turn (caller's contract).
+        let run = unsafe { this.meta.with(|m| (*m).as_ref().map(|m| m.run)) }.unwrap_or_default();
+        let step = wcx.step_begin(ident, hash, run.sampled());
         // SAFETY: caller's contract.
         let Poll::Ready(outcome) = (unsafe { Self::poll_in_place(this) }) else {
+            let ended = wcx.step_end(ident, hash, step);
+            ident.metrics.polled(&run, step.started(), ended, false);
             return Step::Pending;
         };
         // SAFETY: we own the turn.
@@ -426,6 +452,8 @@ where
             Some(wcx),
             outcome,
         );
+        let ended = wcx.step_end(ident, hash, step);
+        ident.metrics.polled(&run, step.started(), ended, true);
         Step::Done
     }
 

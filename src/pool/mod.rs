@@ -10,7 +10,8 @@
 //! - `handler.rs`: what a dispatcher runs for a message, sync or async.
 //! - `dispatcher.rs`: one handler, its keys' pins and its per-worker inboxes.
 //! - `receiver.rs`: the sources that feed a dispatcher, with their credit.
-//! - `credit.rs`: the per-receiver credit word and its waiters.
+//! - `source.rs`: a receiver's shared state: credit, positions, the commit
+//!   point, and whether it takes messages.
 //! - `mailbox.rs`: one key's queue, its running future and its state machine.
 //! - `worker.rs`: a worker's queues and its spin-then-park loop.
 //! - `inbox.rs`: a port's multi-producer inbox.
@@ -20,13 +21,14 @@
 //! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
 
 pub(crate) mod config;
-pub(crate) mod credit;
 pub(crate) mod dispatcher;
 pub(crate) mod executor;
 pub mod handler;
 pub(crate) mod inbox;
 pub(crate) mod mailbox;
+pub(crate) mod observe;
 pub(crate) mod receiver;
+pub(crate) mod source;
 pub(crate) mod spawn;
 pub(crate) mod stats;
 pub(crate) mod task;

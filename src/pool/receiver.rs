@@ -10,9 +10,10 @@ use std::task::{Context, Poll, Waker};
 
 use crate::completion::{Completion, Slot};
 use crate::error::SubmitError;
-use crate::pool::credit::{Acquire, CreditHandle};
 use crate::pool::executor::Shared;
 use crate::pool::mailbox::Envelope;
+use crate::pool::observe::Identity;
+use crate::pool::source::{Acquire, CreditHandle};
 use crate::pool::worker;
 use crate::sync::{thread, Arc};
 use crate::waiter::Waiter;
@@ -25,6 +26,8 @@ pub(crate) trait Core<K, M, O>: Send + Sync {
     fn is_closed(&self) -> bool;
     fn live_mailboxes(&self) -> usize;
     fn shared(&self) -> &Arc<Shared>;
+    /// The dispatcher's name and metrics handles.
+    fn ident(&self) -> &Identity;
     fn clone_box(&self) -> Box<dyn Core<K, M, O>>;
 }
 
@@ -79,12 +82,34 @@ fn thread_waiter(slot: &mut Option<Waiter>) {
 pub struct Receiver<K, M, O> {
     core: Box<dyn Core<K, M, O>>,
     credit: CreditHandle,
+    /// Counts refusals (zero-sized without the `metrics` feature).
+    metrics: crate::metrics::ReceiverMetrics,
 }
 
 impl<K, M, O> Receiver<K, M, O> {
-    pub(crate) fn new(core: Box<dyn Core<K, M, O>>, max_in_flight: usize) -> Self {
+    /// `label`: its `receiver` label in the metrics (default: its number).
+    pub(crate) fn new(
+        core: Box<dyn Core<K, M, O>>,
+        max_in_flight: usize,
+        label: Option<String>,
+    ) -> Self {
         let credit = CreditHandle::new(max_in_flight, Some(core.shared().clone()));
-        Receiver { core, credit }
+        let metrics = crate::metrics::ReceiverMetrics::new(&core.ident().metrics);
+        core.shared()
+            .metrics
+            .source_created(credit.as_ref(), &core.ident().metrics, label);
+        Receiver {
+            core,
+            credit,
+            metrics,
+        }
+    }
+
+    /// Counts a refused message (`Full` or `Closed`) and hands the error on.
+    #[inline]
+    fn refused(&self, e: SubmitError<M>) -> SubmitError<M> {
+        self.metrics.refused();
+        e
     }
 
     /// The most unfinished messages this receiver holds.
@@ -126,7 +151,7 @@ impl<K, M, O> Receiver<K, M, O> {
     /// `Closed(message)` if the executor is shutting down.
     pub fn submit_blocking(&self, key: K, message: M) -> Result<Completion<O, M>, SubmitError<M>> {
         if self.core.is_closed() {
-            return Err(SubmitError::Closed(message));
+            return Err(self.refused(SubmitError::Closed(message)));
         }
         self.acquire_blocking();
         self.enqueue(key, message, true)
@@ -141,10 +166,10 @@ impl<K, M, O> Receiver<K, M, O> {
     /// `Closed(message)` if the executor is shutting down.
     pub fn try_submit(&self, key: K, message: M) -> Result<Completion<O, M>, SubmitError<M>> {
         if self.core.is_closed() {
-            return Err(SubmitError::Closed(message));
+            return Err(self.refused(SubmitError::Closed(message)));
         }
         if !self.credit.credit().try_acquire() {
-            return Err(SubmitError::Full(message));
+            return Err(self.refused(SubmitError::Full(message)));
         }
         self.enqueue(key, message, true)
             .map(|c| c.expect("reply requested"))
@@ -162,7 +187,7 @@ impl<K, M, O> Receiver<K, M, O> {
         // executor; without, look before waiting for a unit.
         if !self.credit.credit().try_acquire() {
             if self.core.is_closed() {
-                return Err(SubmitError::Closed(message));
+                return Err(self.refused(SubmitError::Closed(message)));
             }
             self.acquire_blocking();
         }
@@ -176,10 +201,10 @@ impl<K, M, O> Receiver<K, M, O> {
     /// `Full(message)` or `Closed(message)`.
     pub fn try_send(&self, key: K, message: M) -> Result<(), SubmitError<M>> {
         if self.core.is_closed() {
-            return Err(SubmitError::Closed(message));
+            return Err(self.refused(SubmitError::Closed(message)));
         }
         if !self.credit.credit().try_acquire() {
-            return Err(SubmitError::Full(message));
+            return Err(self.refused(SubmitError::Full(message)));
         }
         self.enqueue(key, message, false).map(drop)
     }
@@ -233,6 +258,7 @@ impl<K, M, O> Receiver<K, M, O> {
             msg: message,
             reply: slot.clone(),
             credit: self.credit.as_ref(),
+            stamp: crate::metrics::Stamp::NONE,
         };
         // The key's `Hash` and `Eq` run inside: if they panic, the panic
         // goes to the caller with the message, and the unit comes back.
@@ -245,7 +271,7 @@ impl<K, M, O> Receiver<K, M, O> {
                 let Envelope { msg, credit, .. } = env;
                 // SAFETY: the refused message still holds its unit.
                 unsafe { credit.release(1) };
-                Err(SubmitError::Closed(msg))
+                Err(self.refused(SubmitError::Closed(msg)))
             }
         }
     }
@@ -257,6 +283,7 @@ impl<K, M, O> Clone for Receiver<K, M, O> {
         Receiver {
             core: self.core.clone_box(),
             credit: self.credit.clone(),
+            metrics: crate::metrics::ReceiverMetrics::new(&self.core.ident().metrics),
         }
     }
 }
@@ -291,7 +318,7 @@ impl<K, M, O> SubmitFuture<'_, K, M, O> {
         };
         if self.receiver.core.is_closed() {
             let (_, msg) = self.item.take().expect("checked");
-            return Poll::Ready(Err(SubmitError::Closed(msg)));
+            return Poll::Ready(Err(self.receiver.refused(SubmitError::Closed(msg))));
         }
         if !self.acquire.poll(&task_waiter(cx.waker())) {
             return Poll::Pending;

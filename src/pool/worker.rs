@@ -38,8 +38,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::pool::credit::CreditRef;
 use crate::pool::executor::Shared;
+use crate::pool::observe::StepLocal;
+use crate::pool::source::CreditRef;
 use crate::pool::task::Task;
 use crate::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use crate::sync::{spin_loop, thread, Arc, Mutex, Queue};
@@ -134,6 +135,11 @@ pub(crate) struct WorkerCx<'a> {
     ticks: Cell<u32>,
     /// Inside a port's turn (see [`port_turn`](Self::port_turn)).
     in_port: Cell<bool>,
+    /// This worker's side of the slow-step watch (see `observe.rs`).
+    pub(crate) steps: StepLocal,
+    /// Counts not yet added to the metrics handles (zero-sized without the
+    /// `metrics` feature).
+    pub(crate) metrics: crate::metrics::WorkerLocal,
 }
 
 impl WorkerCx<'_> {
@@ -348,6 +354,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         pending: Cell::new(None),
         ticks: Cell::new(0),
         in_port: Cell::new(false),
+        steps: StepLocal::new(&shared.watch),
+        metrics: crate::metrics::WorkerLocal::new(),
     };
     CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
     // Allow a spin on the first idle period.
@@ -367,6 +375,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             break;
         }
         let idle_since = Instant::now();
+        cx.step_idle(idle_since);
         if !spin.is_zero() && last_wait < spin {
             if spin_for_work(&shared, me, spin, idle_since, st) {
                 me.counters.spin_hits.fetch_add(1, Relaxed);
@@ -383,6 +392,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // Park: announce, then re-check everything a waker would publish:
         // a push, a stop, and (during a graceful stop) the retirement of the
         // last mailbox, whose retirer wakes only workers it sees parked.
+        cx.metrics.flush(&shared.metrics);
         me.state.swap(PARKED, SeqCst);
         fence(SeqCst);
         if !me.queue.is_empty() || shared.state() != st || shared.should_exit(st) {
@@ -392,10 +402,13 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             continue;
         }
         me.counters.parks.fetch_add(1, Relaxed);
+        shared.metrics.parking();
         park(me);
+        shared.metrics.unparked();
         last_wait = idle_since.elapsed();
     }
     cx.flush_credit();
+    cx.metrics.flush(&shared.metrics);
     // Forced stop: cancel whatever was queued or pushed meanwhile.
     while let Some(task) = cx.next_task() {
         task.cancel();
