@@ -393,16 +393,17 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // a push, a stop, and (during a graceful stop) the retirement of the
         // last mailbox, whose retirer wakes only workers it sees parked.
         cx.metrics.flush(&shared.metrics);
+        shared.metrics.parking();
         me.state.swap(PARKED, SeqCst);
         fence(SeqCst);
         if !me.queue.is_empty() || shared.state() != st || shared.should_exit(st) {
             // Cancel the park. If a waker already flipped us to RUNNING it
             // also unparked us: the stale token only costs a spurious wake.
             let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
+            shared.metrics.unparked();
             continue;
         }
         me.counters.parks.fetch_add(1, Relaxed);
-        shared.metrics.parking();
         park(me);
         shared.metrics.unparked();
         last_wait = idle_since.elapsed();
