@@ -147,6 +147,10 @@ impl Shared {
         }
         drop(sources);
         self.metrics.source_gone(source);
+        // Its last unit came back with this: a graceful stop may be waiting
+        // for that (the path that frees the credit does not call
+        // `Credit::drained`).
+        self.wake_if_closed();
     }
 
     /// The worker for a new mailbox: a running one with nothing queued, else
