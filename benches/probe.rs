@@ -120,6 +120,11 @@ fn striped(msgs: u64, keys: u64) -> Figures {
 }
 
 fn main() {
+    // With `--features metrics` the crate records into a real recorder.
+    #[cfg(feature = "metrics")]
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("install the Prometheus recorder");
     let args: Vec<String> = std::env::args().collect();
     // `cargo test` runs bench targets: keep that quick.
     let smoke = !args.iter().any(|a| a == "--bench");

@@ -382,11 +382,18 @@ mod imp {
     }
 
     /// A worker's counts not yet added to the handles (only its thread).
-    #[derive(Default)]
+    ///
+    /// The hot path, a message of the dispatcher seen last finishing with
+    /// an output, is a pointer compare and a `Cell` increment: `hot` is
+    /// that dispatcher's handles (kept alive by its entry in `pending`) and
+    /// `hot_done` its messages done since the last flush. Everything else
+    /// (panics, mailbox deltas, other dispatchers) goes to `pending`.
     pub(crate) struct WorkerLocal {
-        /// Most recent first.
+        hot: Cell<*const Handles>,
+        hot_done: Cell<u32>,
+        /// Most recent first; at most `PENDING` dispatchers.
         pending: RefCell<Vec<Pending>>,
-        /// Messages counted since the last flush.
+        /// Messages counted in `pending` since the last flush.
         since: Cell<u32>,
         /// Messages finished since the gauges were last refreshed.
         dirty: Cell<bool>,
@@ -394,35 +401,32 @@ mod imp {
 
     impl WorkerLocal {
         pub(crate) fn new() -> Self {
-            Self::default()
-        }
-
-        #[inline]
-        fn add(&self, d: &DispatcherMetrics, done: u64, panicked: u64, mailboxes: i64) {
-            let mut pending = self.pending.borrow_mut();
-            match pending.first_mut() {
-                Some(p) if Arc::ptr_eq(&p.handles, &d.0) => {
-                    p.done += done;
-                    p.panicked += panicked;
-                    p.mailboxes += mailboxes;
-                }
-                _ => Self::add_other(&mut pending, d, done, panicked, mailboxes),
+            WorkerLocal {
+                hot: Cell::new(std::ptr::null()),
+                hot_done: Cell::new(0),
+                pending: RefCell::new(Vec::new()),
+                since: Cell::new(0),
+                dirty: Cell::new(false),
             }
         }
 
-        #[cold]
-        fn add_other(
-            pending: &mut Vec<Pending>,
+        /// The entry of `d` in `pending` (made if missing, the least recent
+        /// flushed and dropped if full).
+        fn entry<'a>(
+            &self,
+            pending: &'a mut Vec<Pending>,
             d: &DispatcherMetrics,
-            done: u64,
-            panicked: u64,
-            mailboxes: i64,
-        ) {
+        ) -> &'a mut Pending {
             let i = match pending.iter().position(|p| Arc::ptr_eq(&p.handles, &d.0)) {
                 Some(i) => i,
                 None => {
                     if pending.len() == PENDING {
-                        pending.pop().expect("full").flush();
+                        let mut evicted = pending.pop().expect("full");
+                        if std::ptr::eq(Arc::as_ptr(&evicted.handles), self.hot.get()) {
+                            // Its counts were cooled into it: flushed below.
+                            self.hot.set(std::ptr::null());
+                        }
+                        evicted.flush();
                     }
                     pending.push(Pending {
                         handles: d.0.clone(),
@@ -434,16 +438,48 @@ mod imp {
                 }
             };
             pending.swap(0, i);
-            let p = &mut pending[0];
-            p.done += done;
-            p.panicked += panicked;
-            p.mailboxes += mailboxes;
+            &mut pending[0]
+        }
+
+        /// Moves the hot counts into `pending`.
+        fn cool(&self, pending: &mut [Pending]) {
+            let n = self.hot_done.replace(0);
+            if n > 0 {
+                let hot = self.hot.get();
+                if let Some(p) = pending.iter_mut().find(|p| Arc::as_ptr(&p.handles) == hot) {
+                    p.done += u64::from(n);
+                }
+            }
         }
 
         /// A message of `d` finished on this worker (`ok`: with an output).
         #[inline]
         pub(crate) fn finished(&self, d: &DispatcherMetrics, ok: bool, ex: &ExecutorMetrics) {
-            self.add(d, u64::from(ok), u64::from(!ok), 0);
+            if ok && std::ptr::eq(self.hot.get(), Arc::as_ptr(&d.0)) {
+                let n = self.hot_done.get() + 1;
+                self.hot_done.set(n);
+                if n >= FLUSH_EVERY {
+                    self.flush(ex);
+                }
+                return;
+            }
+            self.finished_other(d, ok, ex);
+        }
+
+        #[cold]
+        fn finished_other(&self, d: &DispatcherMetrics, ok: bool, ex: &ExecutorMetrics) {
+            {
+                let mut pending = self.pending.borrow_mut();
+                self.cool(&mut pending);
+                let p = self.entry(&mut pending, d);
+                if ok {
+                    // `d` is the hot dispatcher from now on.
+                    self.hot.set(Arc::as_ptr(&p.handles));
+                    self.hot_done.set(1);
+                } else {
+                    p.panicked += 1;
+                }
+            }
             self.dirty.set(true);
             let n = self.since.get() + 1;
             if n >= FLUSH_EVERY {
@@ -454,19 +490,28 @@ mod imp {
         }
 
         /// A mailbox of `d` entered (`1`) or left (`-1`) its port's map.
-        #[inline]
+        #[cold]
         pub(crate) fn mailboxes(&self, d: &DispatcherMetrics, delta: i64) {
-            self.add(d, 0, 0, delta);
+            let mut pending = self.pending.borrow_mut();
+            self.cool(&mut pending);
+            self.entry(&mut pending, d).mailboxes += delta;
+            // The entry moved to the front: `hot` still points at its own.
         }
 
         /// Adds every pending count to its handles and, if messages
         /// finished since the last refresh, re-reads the in-flight gauges.
         pub(crate) fn flush(&self, ex: &ExecutorMetrics) {
-            self.since.set(0);
-            for p in self.pending.borrow_mut().iter_mut() {
-                p.flush();
+            let mut dirty = self.dirty.replace(false);
+            {
+                let mut pending = self.pending.borrow_mut();
+                dirty |= self.hot_done.get() > 0;
+                self.cool(&mut pending);
+                for p in pending.iter_mut() {
+                    p.flush();
+                }
             }
-            if self.dirty.replace(false) {
+            self.since.set(0);
+            if dirty {
                 ex.refresh_gauges();
             }
         }

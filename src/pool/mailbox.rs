@@ -96,6 +96,7 @@ use crate::completion::{Outcome, Slot};
 use crate::error::{Panic, TaskError};
 use crate::pool::dispatcher::DispatcherInner;
 use crate::pool::handler::Handler;
+use crate::pool::observe::StepToken;
 use crate::pool::source::CreditRef;
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};
@@ -375,6 +376,27 @@ where
         env: Envelope<M, H::Output>,
         cx: &WorkerCx<'_>,
     ) -> Step {
+        // One branch when nothing is measured (no slow-step threshold, the
+        // message not sampled): that copy has no step hooks at all.
+        if cx.watching() || env.stamp.sampled() {
+            // SAFETY: our caller's contract.
+            unsafe { Self::start_in::<true>(this, env, cx) }
+        } else {
+            // SAFETY: our caller's contract.
+            unsafe { Self::start_in::<false>(this, env, cx) }
+        }
+    }
+
+    /// [`start`](Self::start), with its step measured (`MEASURED`) or not.
+    ///
+    /// # Safety
+    /// As for `start`.
+    #[inline(always)]
+    unsafe fn start_in<const MEASURED: bool>(
+        this: &Arc<Self>,
+        env: Envelope<M, H::Output>,
+        cx: &WorkerCx<'_>,
+    ) -> Step {
         let Envelope {
             msg,
             reply,
@@ -388,7 +410,11 @@ where
         // SAFETY: as above.
         let hash = unsafe { this.hash() };
         let ident = &this.dispatcher.ident;
-        let step = cx.step_begin(ident, hash, stamp.sampled());
+        let step = if MEASURED {
+            cx.step_begin(ident, hash, stamp.sampled())
+        } else {
+            StepToken::NONE
+        };
         let run = ident.metrics.first_poll(&stamp, step.started());
         let span = trace::MessageSpan::new(&ident.name, hash, cx.index);
         let called = catch_unwind(AssertUnwindSafe(|| {
@@ -404,8 +430,10 @@ where
                     match Self::poll_in_place(this) {
                         Poll::Ready(outcome) => outcome,
                         Poll::Pending => {
-                            let ended = cx.step_end(ident, hash, step);
-                            ident.metrics.polled(&run, step.started(), ended, false);
+                            if MEASURED {
+                                let ended = cx.step_end(ident, hash, step);
+                                ident.metrics.polled(&run, step.started(), ended, false);
+                            }
                             let meta = Meta { reply, credit, run };
                             this.meta.with_mut(|m| ptr::write(m, Some(meta)));
                             return Step::Pending;
@@ -417,8 +445,10 @@ where
         };
         this.dispatcher
             .finish(key, cx.index, reply, credit, Some(cx), outcome);
-        let ended = cx.step_end(ident, hash, step);
-        ident.metrics.polled(&run, step.started(), ended, true);
+        if MEASURED {
+            let ended = cx.step_end(ident, hash, step);
+            ident.metrics.polled(&run, step.started(), ended, true);
+        }
         Step::Done
     }
 

@@ -285,6 +285,9 @@ pub(crate) struct StepToken {
 }
 
 impl StepToken {
+    /// A step that is not measured.
+    pub(crate) const NONE: StepToken = StepToken { started: 0 };
+
     /// When the step started, in nanoseconds since the epoch; 0 if it is
     /// not measured.
     #[inline]
@@ -294,6 +297,12 @@ impl StepToken {
 }
 
 impl WorkerCx<'_> {
+    /// Whether this worker watches its steps (a slow-step threshold is set).
+    #[inline]
+    pub(crate) fn watching(&self) -> bool {
+        self.steps.on
+    }
+
     /// A step of `ident`'s handler for the key with `key_hash` begins.
     /// `timed`: the metrics want its start and end (a sampled message).
     #[inline]
