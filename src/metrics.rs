@@ -163,7 +163,7 @@ mod imp {
             if sent & self.mask != 0 {
                 return Stamp(0);
             }
-            Stamp((self.epoch.elapsed().as_nanos() as u64).max(1))
+            Stamp(micros(self.epoch.elapsed().as_nanos() as u64))
         }
 
         /// A receiver's credit exists: its `in_flight` gauge.
@@ -202,10 +202,18 @@ mod imp {
         }
     }
 
-    /// An accepted message's clock reading (nanoseconds since the executor's
-    /// epoch) if it is sampled, else 0.
+    /// Microseconds since the executor's epoch, modulo 2^32 (about 71
+    /// minutes), never 0.
+    fn micros(nanos: u64) -> u32 {
+        ((nanos / 1000) as u32).max(1)
+    }
+
+    /// An accepted message's clock reading if it is sampled, else 0:
+    /// microseconds since the executor's epoch, modulo 2^32 (4 bytes, so it
+    /// fits in the padding of an inbox slot; queue times up to 71 minutes
+    /// come out right with wrapping arithmetic).
     #[derive(Clone, Copy, Default)]
-    pub(crate) struct Stamp(u64);
+    pub(crate) struct Stamp(u32);
 
     impl Stamp {
         pub(crate) const NONE: Stamp = Stamp(0);
@@ -319,7 +327,11 @@ mod imp {
             if !stamp.sampled() || started == 0 {
                 return RunStart(0);
             }
-            self.0.queue.record(secs(started.saturating_sub(stamp.0)));
+            // A start reused from the previous step's end may precede the
+            // acceptance: a "negative" wait is no wait.
+            let waited = micros(started).wrapping_sub(stamp.0);
+            let waited = if waited > u32::MAX / 2 { 0 } else { waited };
+            self.0.queue.record(f64::from(waited) * 1e-6);
             RunStart(started)
         }
 

@@ -540,7 +540,7 @@ where
     fn enqueue(
         this: &Arc<Self>,
         key: K,
-        mut env: Envelope<M, H::Output>,
+        env: Envelope<M, H::Output>,
     ) -> Result<(), Envelope<M, H::Output>> {
         // The key's `Hash` is user code: a panic here reaches the submitter
         // (whose credit unit is given back by the receiver).
@@ -550,14 +550,14 @@ where
         }
         let b = this.bucket_of(hash);
         let word = this.routes[b].fetch_add(1, SeqCst);
-        env.stamp = this.shared.metrics.stamp(sent_of(word));
         let worker = match worker_of(word) {
             UNPLACED => this.place(b, word + 1),
             w => w as usize,
         };
         let port = &this.ports[worker];
         let d = Delivery { key, hash, env };
-        port.inbox.push(d);
+        port.inbox
+            .push_stamped(d, this.shared.metrics.stamp(sent_of(word)));
         fence(SeqCst);
         if port.closed.load(SeqCst) {
             // A force stop may have emptied the inbox before our push
@@ -747,7 +747,8 @@ where
                 break;
             }
             // SAFETY: we hold the gate: the only consumer.
-            let Some(Delivery { key, hash, env }) = (unsafe { port.inbox.pop() }) else {
+            let Some((Delivery { key, hash, env }, stamp)) = (unsafe { port.inbox.pop_stamped() })
+            else {
                 more = false;
                 break;
             };
@@ -757,7 +758,7 @@ where
             let key = match Self::lookup(&gate, hash, key) {
                 Ok(Lookup::Active(m, key)) => {
                     // SAFETY: in the map, under the gate.
-                    if let Err(env) = unsafe { m.as_ref() }.deliver(env) {
+                    if let Err(env) = unsafe { m.as_ref() }.deliver(env, stamp) {
                         // Closed (a force stop under way, or a key whose
                         // `Eq` failed it): handed back.
                         drop(gate);
@@ -792,7 +793,7 @@ where
                 gate.lent = true;
                 drop(gate);
                 // SAFETY: the slot is ours (`RUNNING`), with a key, no future.
-                let step = unsafe { Mailbox::start(&slot, env, cx) };
+                let step = unsafe { Mailbox::start(&slot, env, stamp, cx) };
                 gate = port.gate.lock();
                 gate.lent = false;
                 match step {
@@ -842,7 +843,7 @@ where
                 }
                 cx.metrics.mailboxes(&this.ident.metrics, 1);
                 // SAFETY: free, assigned, under the gate.
-                unsafe { m.schedule_with(env) };
+                unsafe { m.schedule_with(env, stamp) };
                 drop(gate);
                 cx.requeue_local(Task::new(m));
                 gate = port.gate.lock();
@@ -980,9 +981,7 @@ where
     where
         K: Clone,
     {
-        let Envelope {
-            msg, reply, credit, ..
-        } = env;
+        let Envelope { msg, reply, credit } = env;
         trace::message_rejected(&self.ident.name, reply.is_some());
         self.ident.metrics.rejected();
         self.shared.rejected.fetch_add(1, Relaxed);

@@ -120,10 +120,13 @@ pub(crate) struct Envelope<M, O> {
     pub(crate) reply: Option<Arc<Slot<O, M>>>,
     /// The credit unit this message holds until it finishes.
     pub(crate) credit: CreditRef,
-    /// Its acceptance time if the metrics sample it (zero-sized without
-    /// the `metrics` feature).
-    pub(crate) stamp: crate::metrics::Stamp,
 }
+
+/// A message's metrics stamp: its acceptance time if the metrics sample it
+/// (zero-sized without the `metrics` feature). It travels beside the
+/// envelope (in the inbox slot's padding, then the mailbox queue), not in
+/// it: a bigger envelope makes every delivery bigger.
+pub(crate) type Stamp = crate::metrics::Stamp;
 
 /// Where the running message's outcome goes.
 struct Meta<O, M> {
@@ -144,7 +147,7 @@ pub(crate) enum Step {
 
 /// What the runner found when it asked for the next message.
 enum Next<M, O> {
-    Message(Envelope<M, O>),
+    Message(Envelope<M, O>, Stamp),
     /// The queue was empty.
     Empty,
     Forced,
@@ -178,7 +181,7 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     /// future returns `Pending`; a message finished in its first poll keeps
     /// it on the stack).
     meta: UnsafeCell<Option<Meta<H::Output, M>>>,
-    queue: SpinLock<VecDeque<Envelope<M, H::Output>>>,
+    queue: SpinLock<VecDeque<(Envelope<M, H::Output>, Stamp)>>,
     /// The key's hash (its submitter's); written with `key`.
     hash: UnsafeCell<u64>,
     /// The worker whose port lends this mailbox (sticky).
@@ -294,8 +297,8 @@ where
     ///
     /// # Safety
     /// As for [`lend`](Self::lend).
-    pub(crate) unsafe fn schedule_with(&self, env: Envelope<M, H::Output>) {
-        self.queue.lock().push_back(env);
+    pub(crate) unsafe fn schedule_with(&self, env: Envelope<M, H::Output>, stamp: Stamp) {
+        self.queue.lock().push_back((env, stamp));
         overwrite(&self.state, SCHEDULED);
     }
 
@@ -321,12 +324,13 @@ where
     pub(crate) fn deliver(
         &self,
         env: Envelope<M, H::Output>,
+        stamp: Stamp,
     ) -> Result<(), Envelope<M, H::Output>> {
         let mut q = self.queue.lock();
         if self.is_closed() {
             return Err(env);
         }
-        q.push_back(env);
+        q.push_back((env, stamp));
         Ok(())
     }
 
@@ -336,7 +340,7 @@ where
     pub(crate) fn force_stop(&self) -> usize {
         let queued = std::mem::take(&mut *self.queue.lock());
         let n = queued.len();
-        for env in queued {
+        for (env, _) in queued {
             // SAFETY: a mailbox in a map has a key, and nobody takes it
             // while the mailbox is out of the map and not free.
             self.dispatcher.reject(unsafe { self.key() }, env);
@@ -374,16 +378,17 @@ where
     pub(crate) unsafe fn start(
         this: &Arc<Self>,
         env: Envelope<M, H::Output>,
+        stamp: Stamp,
         cx: &WorkerCx<'_>,
     ) -> Step {
         // One branch when nothing is measured (no slow-step threshold, the
         // message not sampled): that copy has no step hooks at all.
-        if cx.watching() || env.stamp.sampled() {
+        if cx.watching() || stamp.sampled() {
             // SAFETY: our caller's contract.
-            unsafe { Self::start_in::<true>(this, env, cx) }
+            unsafe { Self::start_in::<true>(this, env, stamp, cx) }
         } else {
             // SAFETY: our caller's contract.
-            unsafe { Self::start_in::<false>(this, env, cx) }
+            unsafe { Self::start_in::<false>(this, env, stamp, cx) }
         }
     }
 
@@ -395,14 +400,10 @@ where
     unsafe fn start_in<const MEASURED: bool>(
         this: &Arc<Self>,
         env: Envelope<M, H::Output>,
+        stamp: Stamp,
         cx: &WorkerCx<'_>,
     ) -> Step {
-        let Envelope {
-            msg,
-            reply,
-            credit,
-            stamp,
-        } = env;
+        let Envelope { msg, reply, credit } = env;
         cx.before_start(credit);
         let handler = &this.dispatcher.handler;
         // SAFETY: we own the turn, a key is set (caller's contract).
@@ -585,11 +586,11 @@ where
                 return;
             }
             match this.next() {
-                Next::Message(env) => {
+                Next::Message(env, stamp) => {
                     budget -= 1;
                     // SAFETY: we own the turn, a key is set (the mailbox is
                     // in its port's map) and no future is stored.
-                    match unsafe { Self::start(&this, env, cx) } {
+                    match unsafe { Self::start(&this, env, stamp, cx) } {
                         Step::Done => {}
                         Step::Pending => return Self::after_pending(this, cx),
                     }
@@ -649,7 +650,7 @@ where
             return Next::Forced;
         }
         match q.pop_front() {
-            Some(env) => Next::Message(env),
+            Some((env, stamp)) => Next::Message(env, stamp),
             None => Next::Empty,
         }
     }

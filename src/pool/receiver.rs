@@ -258,7 +258,6 @@ impl<K, M, O> Receiver<K, M, O> {
             msg: message,
             reply: slot.clone(),
             credit: self.credit.as_ref(),
-            stamp: crate::metrics::Stamp::NONE,
         };
         // The key's `Hash` and `Eq` run inside: if they panic, the panic
         // goes to the caller with the message, and the unit comes back.
