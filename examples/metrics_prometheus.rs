@@ -14,7 +14,6 @@
 //! given buckets for them (otherwise it renders summaries).
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -61,12 +60,12 @@ impl Kernel for Accounts {
     type Output = u64;
     type Error = String;
 
-    fn execute_batch(
+    async fn execute_batch(
         &self,
         _account: &u64,
         deposits: Vec<u64>,
-    ) -> impl Future<Output = BatchResult<u64, u64, String>> + Send {
-        async move { BatchResult::committed(deposits.into_iter().map(Ok).collect()) }
+    ) -> BatchResult<u64, u64, String> {
+        BatchResult::committed(deposits.into_iter().map(Ok).collect())
     }
 }
 

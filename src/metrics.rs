@@ -626,6 +626,10 @@ mod imp {
     }
 
     impl LaneTally {
+        pub(crate) fn new() -> Self {
+            Self::default()
+        }
+
         #[inline]
         pub(crate) fn decided(&mut self, ok: bool) {
             if ok {
@@ -828,10 +832,14 @@ mod imp {
     }
 
     /// Zero-sized without the `metrics` feature.
-    #[derive(Default)]
     pub(crate) struct LaneTally;
 
     impl LaneTally {
+        #[inline(always)]
+        pub(crate) fn new() -> Self {
+            LaneTally
+        }
+
         #[inline(always)]
         pub(crate) fn decided(&mut self, _ok: bool) {}
 

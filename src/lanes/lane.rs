@@ -141,7 +141,7 @@ impl<K: Kernel> After<K> {
                 outcomes: Vec::new(),
                 commands: Vec::new(),
             },
-            tally: crate::metrics::LaneTally::default(),
+            tally: crate::metrics::LaneTally::new(),
         }
     }
 }

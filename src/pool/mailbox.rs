@@ -128,6 +128,9 @@ pub(crate) struct Envelope<M, O> {
 /// it: a bigger envelope makes every delivery bigger.
 pub(crate) type Stamp = crate::metrics::Stamp;
 
+/// A queued message and its stamp.
+type Queued<M, O> = (Envelope<M, O>, Stamp);
+
 /// Where the running message's outcome goes.
 struct Meta<O, M> {
     reply: Option<Arc<Slot<O, M>>>,
@@ -181,7 +184,7 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     /// future returns `Pending`; a message finished in its first poll keeps
     /// it on the stack).
     meta: UnsafeCell<Option<Meta<H::Output, M>>>,
-    queue: SpinLock<VecDeque<(Envelope<M, H::Output>, Stamp)>>,
+    queue: SpinLock<VecDeque<Queued<M, H::Output>>>,
     /// The key's hash (its submitter's); written with `key`.
     hash: UnsafeCell<u64>,
     /// The worker whose port lends this mailbox (sticky).
