@@ -548,3 +548,51 @@ fn every_lanes_series_with_exact_counts_after_a_scripted_workload() {
     waits.sort_by(f64::total_cmp);
     assert_eq!(waits, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.005, 0.005]);
 }
+
+#[test]
+fn counts_stay_exact_when_many_dispatchers_share_a_worker() {
+    // Six dispatchers (more than a worker keeps pending counts for) take
+    // turns on one worker, message by message; every third message of the
+    // odd ones panics.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let executor = KeyedExecutor::builder().workers(1).build().unwrap();
+    let receivers: Vec<_> = (0..6)
+        .map(|d| {
+            executor
+                .dispatcher_builder(handler::from_fn(move |_: &u32, n: u32| {
+                    assert!(!(d % 2 == 1 && n % 3 == 0), "unlucky");
+                    n
+                }))
+                .name(format!("d{d}"))
+                .build()
+                .receiver(8)
+                .unwrap()
+        })
+        .collect();
+    for n in 0..300u32 {
+        for r in &receivers {
+            let _ = r.submit_blocking(n % 7, n).unwrap().wait();
+        }
+    }
+    // Fire-and-forget too: a batch of sends to each, interleaved.
+    for n in 0..3000u32 {
+        receivers[(n % 6) as usize].send(n % 11, 1 + 3 * n).unwrap();
+    }
+    assert!(executor.shutdown(Duration::from_secs(10)));
+    let s = Series::take(&snapshotter);
+    for d in 0..6 {
+        let name = format!("d{d}");
+        let count = |o: &str| {
+            s.counter(
+                "keyed_executor_messages_total",
+                &[("dispatcher", name.as_str()), ("outcome", o)],
+            )
+        };
+        let panicked = if d % 2 == 1 { 100 } else { 0 };
+        assert_eq!(count("done"), 300 - panicked + 500, "{name}");
+        assert_eq!(count("panicked"), panicked, "{name}");
+    }
+    drop(receivers);
+}

@@ -246,7 +246,7 @@ impl Builder {
 
     /// With the `metrics` feature: one message in `every` (a power of two;
     /// default [`DEFAULT_METRICS_SAMPLING`](crate::DEFAULT_METRICS_SAMPLING)
-    /// = 64) is timed for the `keyed_executor_*_seconds` histograms; 1
+    /// = 256) is timed for the `keyed_executor_*_seconds` histograms; 1
     /// times every message (three clock readings each). Counters and
     /// gauges are exact whatever the sampling.
     #[cfg(feature = "metrics")]

@@ -689,7 +689,7 @@ where
             return true;
         }
         gate.bucket(b, this.routes.len()).live -= 1;
-        cx.metrics.mailboxes(&this.ident.metrics, -1);
+        crate::metrics::mailboxes(cx, &this.ident.metrics, -1);
         gate.turns
             .record(hash, spent.min(u32::MAX as usize) as u32, cx.tick());
         // SAFETY: as above: the queue is empty, no future is stored.
@@ -818,7 +818,7 @@ where
                                 gate = port.gate.lock();
                                 continue;
                             }
-                            cx.metrics.mailboxes(&this.ident.metrics, 1);
+                            crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
                         }
                         drop(gate);
                         Mailbox::after_pending(slot, cx);
@@ -841,7 +841,7 @@ where
                     gate = port.gate.lock();
                     continue;
                 }
-                cx.metrics.mailboxes(&this.ident.metrics, 1);
+                crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
                 // SAFETY: free, assigned, under the gate.
                 unsafe { m.schedule_with(env, stamp) };
                 drop(gate);
@@ -922,17 +922,16 @@ where
         match &outcome {
             // Only this worker's thread writes these two: no RMW needed.
             Ok(_) => {
-                counters
-                    .done
-                    .store(counters.done.load(Relaxed) + 1, Relaxed);
-                crate::metrics::finished(cx, &self.ident.metrics, &self.shared.metrics, true);
+                let done = counters.done.load(Relaxed) + 1;
+                counters.done.store(done, Relaxed);
+                crate::metrics::done(cx, &self.ident.metrics, done);
             }
             Err(TaskError::Panicked(p)) => {
                 trace::handler_panicked(&self.ident.name, worker, p);
                 counters
                     .panicked
                     .store(counters.panicked.load(Relaxed) + 1, Relaxed);
-                crate::metrics::finished(cx, &self.ident.metrics, &self.shared.metrics, false);
+                crate::metrics::panicked(cx, &self.ident.metrics);
             }
             Err(_) => {}
         }

@@ -367,6 +367,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             } else {
                 task.run(&cx);
             }
+            cx.metrics.after_task(&cx);
         }
         // Out of work: give back held-back credit before waiting.
         cx.flush_credit();
@@ -392,7 +393,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // Park: announce, then re-check everything a waker would publish:
         // a push, a stop, and (during a graceful stop) the retirement of the
         // last mailbox, whose retirer wakes only workers it sees parked.
-        cx.metrics.flush(&shared.metrics);
+        cx.metrics.flush(&cx);
         shared.metrics.parking();
         me.state.swap(PARKED, SeqCst);
         fence(SeqCst);
@@ -409,7 +410,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         last_wait = idle_since.elapsed();
     }
     cx.flush_credit();
-    cx.metrics.flush(&shared.metrics);
+    cx.metrics.flush(&cx);
     // Forced stop: cancel whatever was queued or pushed meanwhile.
     while let Some(task) = cx.next_task() {
         task.cancel();
