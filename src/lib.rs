@@ -263,8 +263,9 @@
 //!   [`KeyedExecutor::stats`] call checks the steps running then (a step
 //!   stuck forever is reported by the next `stats()` after the threshold).
 //!   [`WorkerStats::current_step`] shows what each worker runs and for how
-//!   long. It costs one clock reading per step, and nothing but a branch
-//!   without a threshold.
+//!   long. It costs a clock reading and a few stores per step (40–50 ns
+//!   here: noise for handlers of microseconds, a doubling of the worker's
+//!   cost for handlers that do nothing), and a branch without a threshold.
 //!
 //! # Metrics
 //!
