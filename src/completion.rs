@@ -122,11 +122,19 @@ impl<O, M> Slot<O, M> {
 #[must_use = "a completion does nothing unless waited on or awaited (dropping it does not cancel the message)"]
 pub struct Completion<O, M> {
     slot: Arc<Slot<O, M>>,
+    position: u64,
 }
 
 impl<O, M> Completion<O, M> {
-    pub(crate) fn new(slot: Arc<Slot<O, M>>) -> Self {
-        Completion { slot }
+    pub(crate) fn new(slot: Arc<Slot<O, M>>, position: u64) -> Self {
+        Completion { slot, position }
+    }
+
+    /// The message's position in its receiver: 0, 1, 2, … in the order the
+    /// receiver (and its clones) accepted messages. See
+    /// [`Receiver::committable`](crate::Receiver::committable).
+    pub fn position(&self) -> u64 {
+        self.position
     }
 
     /// Whether the message has finished (its outcome is ready or was taken).
@@ -235,6 +243,7 @@ impl<O, M> Drop for Completion<O, M> {
 impl<O, M> fmt::Debug for Completion<O, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Completion")
+            .field("position", &self.position)
             .field("finished", &self.is_finished())
             .finish()
     }
@@ -254,7 +263,7 @@ mod tests {
 
     fn pair() -> (Arc<Slot<u32, &'static str>>, Completion<u32, &'static str>) {
         let slot = Arc::new(Slot::new());
-        (slot.clone(), Completion::new(slot))
+        (slot.clone(), Completion::new(slot, 0))
     }
 
     #[test]

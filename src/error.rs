@@ -36,6 +36,25 @@ pub enum ConfigError {
         "`max_in_flight` must be at least 1, got 0: the receiver could never accept a message"
     )]
     ZeroMaxInFlight,
+    /// `max_in_flight(n)` above what a receiver can count.
+    #[error("`max_in_flight` of {got} exceeds the most a receiver can hold ({max})")]
+    MaxInFlightTooLarge {
+        /// The value that was asked for.
+        got: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// `commit_span(n)` below the receiver's `max_in_flight` (it could
+    /// never use all its credit) or above what it can track.
+    #[error("`commit_span` of {got} must be between `max_in_flight` ({min}) and {max}: the span of unfinished positions must hold every message in flight")]
+    InvalidCommitSpan {
+        /// The value that was asked for.
+        got: usize,
+        /// The least it may be (the receiver's `max_in_flight`).
+        min: usize,
+        /// The most it may be.
+        max: usize,
+    },
     /// `lane_capacity(0)`: a lane must hold at least its leader's command.
     #[error("`lane_capacity` must be at least 1, got 0: a lane must hold at least one command")]
     ZeroLaneCapacity,

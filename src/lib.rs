@@ -240,8 +240,10 @@
 //!   every poll of its future,
 //!   so a handler's own events nest under it; WARN events for a panicking
 //!   handler or spawned future, and for a graceful shutdown that timed out or
-//!   took more than half its timeout; a DEBUG event per message a force stop
-//!   hands back and an INFO summary of the force stop; a WARN event per slow
+//!   took more than half its timeout; a DEBUG event per message a stop
+//!   hands back (the executor's force stop, or a receiver's or a
+//!   dispatcher's `shutdown_now`) and an INFO summary of the executor's
+//!   force stop; a WARN event per slow
 //!   step (fields `dispatcher`, `key_hash`, `worker`, `running_for`). The
 //!   events name their dispatcher in a `dispatcher` field. [`LanesEvent`]s
 //!   without an `on_event` hook become WARN events (target
@@ -279,9 +281,9 @@
 //!
 //! | series | type | labels | what |
 //! |---|---|---|---|
-//! | `keyed_executor_messages_total` | counter | `dispatcher`, `outcome` = `done` / `panicked` / `rejected` / `cancelled` / `refused` | messages by how they ended: an output, a panic, handed back by a force stop, suspended future dropped by a force stop, refused at submission (`Full` or `Closed`) |
+//! | `keyed_executor_messages_total` | counter | `dispatcher`, `outcome` = `done` / `panicked` / `rejected` / `cancelled` / `refused` | messages by how they ended: an output, a panic, handed back by a stop, suspended future dropped by a stop (the executor's force stop, or [`Receiver::shutdown_now`] / [`Dispatcher::shutdown_now`]), refused at submission (`Full` or `Closed`) |
 //! | `keyed_executor_slow_steps_total` | counter | `dispatcher` | steps reported slow ([`Builder::slow_step`]) |
-//! | `keyed_executor_in_flight` | gauge | `dispatcher`, `receiver` (its [name](Dispatcher::named_receiver), else its number: `0`, `1`, …) | messages a receiver accepted that did not finish |
+//! | `keyed_executor_in_flight` | gauge | `dispatcher`, `receiver` (its name: [`Dispatcher::named_receiver`], [`ReceiverBuilder::name`]; else its number: `0`, `1`, …) | [`Receiver::in_flight`]: its units of credit held by unfinished messages (one per message it accepted; a follow-up a handler sent sharing its own message's unit adds none) |
 //! | `keyed_executor_live_mailboxes` | gauge | `dispatcher` | keys with a mailbox (a backlog or a suspended future) |
 //! | `keyed_executor_workers_parked` | gauge | — | worker threads asleep (all executors of the process) |
 //! | `keyed_executor_queue_seconds` | histogram | `dispatcher` | acceptance → first poll (sampled) |
@@ -325,6 +327,7 @@ pub mod lanes;
 pub mod limit;
 mod metrics;
 mod pool;
+mod timer;
 mod trace;
 mod waiter;
 
@@ -340,7 +343,12 @@ pub use pool::executor::KeyedExecutor;
 #[doc(inline)]
 pub use pool::handler;
 pub use pool::observe::SlowStep;
-pub use pool::receiver::{Receiver, SendFuture, SubmitFuture};
+#[cfg(not(loom))]
+pub use pool::receiver::WeakReceiver;
+pub use pool::receiver::{
+    Receiver, ReceiverBuilder, SendFuture, ShutdownFuture, SubmitFuture,
+    DEFAULT_COMMIT_SPAN_FACTOR, MIN_DEFAULT_COMMIT_SPAN,
+};
 pub use pool::stats::{
     CurrentStep, DispatcherStats, ExecutorStats, SpawnedStats, WorkerState, WorkerStats,
 };

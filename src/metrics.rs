@@ -28,7 +28,8 @@
 //!   `live_mailboxes` by the batched deltas above; each receiver's
 //!   `in_flight` is re-read (one load per receiver, under one lock) when a
 //!   worker flushes after running messages, when it parks, by
-//!   `KeyedExecutor::stats()`, and when a receiver's last handle and
+//!   `KeyedExecutor::stats()`, after a force stop or a receiver's or
+//!   dispatcher's `shutdown_now`, and when a receiver's last handle and
 //!   message are gone (then it is set to 0). A source that stalls with
 //!   every worker stuck or asleep keeps its last value until one of those
 //!   happens: poll `stats()` from the scrape loop to refresh it.
@@ -54,7 +55,7 @@ mod imp {
 
     use crate::lanes::BusyReason;
     use crate::pool::config::Config;
-    use crate::pool::source::CreditRef;
+    use crate::pool::source::SourceRef;
     use crate::pool::worker::WorkerCx;
     use crate::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     use crate::sync::{Arc, Mutex};
@@ -73,7 +74,7 @@ mod imp {
         use metrics::{describe_counter, describe_gauge, describe_histogram};
         describe_counter!(
             "keyed_executor_messages_total",
-            "Messages by outcome: done, panicked, rejected (handed back by a force stop), cancelled (suspended future dropped by a force stop), refused (Full or Closed at submission)"
+            "Messages by outcome: done, panicked, rejected (handed back by a stop: the executor's force stop or a receiver's or dispatcher's shutdown_now), cancelled (suspended future dropped by such a stop), refused (Full or Closed at submission)"
         );
         describe_counter!(
             "keyed_executor_slow_steps_total",
@@ -81,7 +82,7 @@ mod imp {
         );
         describe_gauge!(
             "keyed_executor_in_flight",
-            "Messages a receiver accepted and that did not finish (queued or running)"
+            "Units of a receiver's credit held by unfinished messages (queued or running): one per message it accepted, none for a follow-up sharing its sender's unit"
         );
         describe_gauge!(
             "keyed_executor_live_mailboxes",
@@ -125,7 +126,7 @@ mod imp {
     // ----- executor ----------------------------------------------------------
 
     struct SourceGauge {
-        credit: CreditRef,
+        credit: SourceRef,
         gauge: Gauge,
     }
 
@@ -175,7 +176,7 @@ mod imp {
         /// A receiver's credit exists: its `in_flight` gauge.
         pub(crate) fn source_created(
             &self,
-            credit: CreditRef,
+            credit: SourceRef,
             dispatcher: &DispatcherMetrics,
             label: Option<String>,
         ) {
@@ -191,7 +192,7 @@ mod imp {
         }
 
         /// A receiver's credit is freed (nothing of it is in flight).
-        pub(crate) fn source_gone(&self, credit: CreditRef) {
+        pub(crate) fn source_gone(&self, credit: SourceRef) {
             let mut sources = self.sources.lock();
             if let Some(i) = sources.iter().position(|s| s.credit == credit) {
                 sources.swap_remove(i).gauge.set(0.0);
@@ -293,7 +294,7 @@ mod imp {
             }))
         }
 
-        /// Off the worker (a force stop cancelling): counted at once.
+        /// Off the workers: counted at once.
         #[cold]
         pub(crate) fn finished_direct(&self, ok: bool) {
             if ok {
@@ -702,7 +703,7 @@ mod imp {
 
     use crate::lanes::BusyReason;
     use crate::pool::config::Config;
-    use crate::pool::source::CreditRef;
+    use crate::pool::source::SourceRef;
     use crate::pool::worker::WorkerCx;
 
     /// Zero-sized without the `metrics` feature.
@@ -728,14 +729,14 @@ mod imp {
         #[inline(always)]
         pub(crate) fn source_created(
             &self,
-            _credit: CreditRef,
+            _credit: SourceRef,
             _dispatcher: &DispatcherMetrics,
             _label: Option<String>,
         ) {
         }
 
         #[inline(always)]
-        pub(crate) fn source_gone(&self, _credit: CreditRef) {}
+        pub(crate) fn source_gone(&self, _credit: SourceRef) {}
 
         #[inline(always)]
         pub(crate) fn refresh_gauges(&self) {}

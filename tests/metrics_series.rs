@@ -348,6 +348,132 @@ fn gauges_follow_a_stalled_source_and_parked_workers() {
 }
 
 #[test]
+fn per_source_and_per_dispatcher_stops_count_what_they_hand_back() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let executor = KeyedExecutor::builder().workers(1).build().unwrap();
+    // Key 0 and key 10 block the only worker, each until its gate opens;
+    // key 99 suspends forever.
+    let (first, second) = (Gate::new(), Gate::new());
+    let (g1, g2) = (first.clone(), second.clone());
+    // A failing assertion opens both, so the workers can exit.
+    struct OpenOnDrop(Gate, Gate);
+    impl Drop for OpenOnDrop {
+        fn drop(&mut self) {
+            self.0.open();
+            self.1.open();
+        }
+    }
+    let _open = OpenOnDrop(first.clone(), second.clone());
+    let entered = Arc::new(AtomicUsize::new(0));
+    let e = entered.clone();
+    let orders = executor
+        .dispatcher_builder(handler::from_async_fn(move |key: u32, n: u32| {
+            let (g1, g2, e) = (g1.clone(), g2.clone(), e.clone());
+            async move {
+                match key {
+                    0 | 10 => {
+                        e.fetch_add(1, Ordering::SeqCst);
+                        if key == 0 {
+                            g1.wait()
+                        } else {
+                            g2.wait()
+                        }
+                    }
+                    99 => std::future::pending::<()>().await,
+                    _ => {}
+                }
+                n
+            }
+        }))
+        .name("orders")
+        .build();
+    let p0 = orders
+        .receiver_builder()
+        .max_in_flight(8)
+        .name("p0")
+        .build()
+        .unwrap();
+    let p1 = orders.named_receiver("p1", 8).unwrap();
+    let forever = p0.submit_blocking(99, 0).unwrap();
+    eventually("the forever future is suspended", || {
+        orders.live_mailboxes() == 1
+    });
+    let blocker = p1.submit_blocking(0, 0).unwrap();
+    eventually("key 0 runs", || entered.load(Ordering::SeqCst) == 1);
+    let queued: Vec<_> = (1..4).map(|k| p0.submit_blocking(k, k).unwrap()).collect();
+    let other = p1.submit_blocking(4, 4).unwrap();
+
+    // p0 stops on its own: its three queued messages come back, its
+    // suspended future is cancelled; p1's messages stay.
+    p0.shutdown_now();
+    for q in queued {
+        assert!(matches!(q.wait(), Err(TaskError::Rejected(_))));
+    }
+    assert!(matches!(forever.wait(), Err(TaskError::Cancelled)));
+    let s = Series::take(&snapshotter);
+    let m = "keyed_executor_messages_total";
+    let count = |s: &Series, d: &str, o: &str| s.counter(m, &[("dispatcher", d), ("outcome", o)]);
+    assert_eq!(count(&s, "orders", "rejected"), 3);
+    assert_eq!(count(&s, "orders", "cancelled"), 1);
+    // The stop refreshed the in-flight gauges (the worker, blocked, did
+    // not): p0 has nothing left, p1 its running and its queued message.
+    let in_flight = |s: &Series, r: &str| {
+        s.gauge(
+            "keyed_executor_in_flight",
+            &[("dispatcher", "orders"), ("receiver", r)],
+        )
+    };
+    assert_eq!(in_flight(&s, "p0"), 0.0);
+    assert_eq!(in_flight(&s, "p1"), 2.0);
+    assert!(matches!(p0.try_submit(5, 5), Err(SubmitError::Closed(5))));
+    first.open();
+    assert_eq!(blocker.wait().unwrap(), 0);
+    assert_eq!(other.wait().unwrap(), 4);
+
+    // A dispatcher stops on its own: "audit" hands its queue back while
+    // "orders" blocks the worker again, and goes on after.
+    let audit = executor
+        .dispatcher_builder(handler::from_fn(|_: &u32, n: u32| n))
+        .name("audit")
+        .build();
+    let trail = audit.receiver(8).unwrap();
+    let blocker = p1.submit_blocking(10, 10).unwrap();
+    eventually("key 10 runs", || entered.load(Ordering::SeqCst) == 2);
+    let queued: Vec<_> = (0..3)
+        .map(|k| trail.submit_blocking(k, k).unwrap())
+        .collect();
+    audit.shutdown_now();
+    for q in queued {
+        assert!(matches!(q.wait(), Err(TaskError::Rejected(_))));
+    }
+    assert!(matches!(trail.try_send(0, 0), Err(SubmitError::Closed(0))));
+    second.open();
+    assert_eq!(blocker.wait().unwrap(), 10);
+    assert!(executor.shutdown(Duration::from_secs(10)));
+
+    // Since the first snapshot (which reset every value to zero).
+    let s = Series::take(&snapshotter);
+    assert_eq!(count(&s, "orders", "done"), 3);
+    assert_eq!(count(&s, "orders", "rejected"), 0);
+    assert_eq!(count(&s, "orders", "refused"), 1);
+    assert_eq!(count(&s, "audit", "rejected"), 3);
+    assert_eq!(count(&s, "audit", "refused"), 1);
+    assert_eq!(count(&s, "audit", "done"), 0);
+    assert_eq!(in_flight(&s, "p0"), 0.0);
+    assert_eq!(in_flight(&s, "p1"), 0.0);
+    assert_eq!(
+        s.gauge(
+            "keyed_executor_in_flight",
+            &[("dispatcher", "audit"), ("receiver", "0")]
+        ),
+        0.0
+    );
+    drop((p0, p1, trail));
+}
+
+#[test]
 fn a_slow_step_is_counted_once() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();

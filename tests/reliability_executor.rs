@@ -23,7 +23,9 @@
 //! - every refused submission handed back its own message
 //!   (`Full`/`Closed`), and a given-up `submit` dropped it unprocessed;
 //! - a receiver never had more than `max_in_flight` messages unfinished, nor
-//!   more running at once (sampled and counted);
+//!   more of its producers' messages running at once (sampled and counted;
+//!   a handler's submission may share its parent's unit, so it is not
+//!   counted against its own receiver);
 //! - after the stop: no live mailbox, no worker thread (by name, in /proc),
 //!   no credit held, the executor's counters equal the model's, and once the
 //!   handles are dropped no message, output, future or handler is alive;
@@ -299,6 +301,12 @@ impl Ledger {
             }
         }
         st.last_seq.insert((m.disp, m.key, m.stream), m.seq);
+        // Only producers' messages count: a message a handler submits may
+        // share the unit of the message that submitted it (forwarding never
+        // waits for credit), so it runs beyond its receiver's credit.
+        if m.stream >= CHILD_STREAM {
+            return;
+        }
         st.running_per_src[m.src] += 1;
         if st.running_per_src[m.src] > st.max_per_src[m.src] {
             let (n, max) = (st.running_per_src[m.src], st.max_per_src[m.src]);
@@ -319,7 +327,9 @@ impl Ledger {
             Self::error(st, format!("message {id} ended {ends} times"));
         }
         st.running_keys.remove(&(m.disp, m.key));
-        st.running_per_src[m.src] -= 1;
+        if m.stream < CHILD_STREAM {
+            st.running_per_src[m.src] -= 1;
+        }
     }
 
     /// A future was dropped: if its message had not ended, it was cancelled.
@@ -444,7 +454,7 @@ impl Ctx {
         let rx = &rxs[plan.rx];
         if plan.send {
             match rx.try_send(plan.key, msg) {
-                Ok(()) => self.ledger.accepted(id),
+                Ok(_) => self.ledger.accepted(id),
                 Err(e) => refused(&self.ledger, id, e),
             }
         } else {
@@ -767,9 +777,9 @@ fn produce(me: Producer, plan: &Plan, ctx: &Arc<Ctx>) -> Vec<Handle> {
             0 => rx.submit_blocking(key, msg).map(Some),
             1 => rx.try_submit(key, msg).map(Some),
             2 => futures::executor::block_on(rx.submit(key, msg)).map(Some),
-            3 => rx.send(key, msg).map(|()| None),
-            4 => rx.try_send(key, msg).map(|()| None),
-            5 => futures::executor::block_on(rx.send_async(key, msg)).map(|()| None),
+            3 => rx.send(key, msg).map(|_| None),
+            4 => rx.try_send(key, msg).map(|_| None),
+            5 => futures::executor::block_on(rx.send_async(key, msg)).map(|_| None),
             _ => {
                 // Poll once; if it must wait for credit, give up (drop it).
                 let mut fut = rx.submit(key, msg);

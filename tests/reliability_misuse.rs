@@ -126,10 +126,10 @@ fn all_methods_refuse(r: &Receiver<u32, Msg, u32>, live: &Live) {
         futures::executor::block_on(r.submit(1, Msg(2, live.token()))).map(drop),
         2,
     );
-    check(r.send(1, Msg(3, live.token())), 3);
-    check(r.try_send(1, Msg(4, live.token())), 4);
+    check(r.send(1, Msg(3, live.token())).map(drop), 3);
+    check(r.try_send(1, Msg(4, live.token())).map(drop), 4);
     check(
-        futures::executor::block_on(r.send_async(1, Msg(5, live.token()))),
+        futures::executor::block_on(r.send_async(1, Msg(5, live.token()))).map(drop),
         5,
     );
     assert!(r.is_closed());

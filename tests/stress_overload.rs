@@ -134,7 +134,7 @@ fn a_full_receiver_refuses_at_once_with_the_very_message() {
         let res = if i % 2 == 0 {
             r.try_submit(i, m).map(drop)
         } else {
-            r.try_send(i, m)
+            r.try_send(i, m).map(drop)
         };
         match res {
             Err(SubmitError::Full(m)) => {

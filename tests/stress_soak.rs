@@ -254,7 +254,7 @@ fn soak_zipf_keys_async_waits_force_stops_and_restarts() {
                         };
                         seq += 1;
                         let res = if rng.percent(85) {
-                            r.send(key, m).map(|()| None)
+                            r.send(key, m).map(|_| None)
                         } else {
                             r.submit_blocking(key, m).map(Some)
                         };

@@ -99,7 +99,7 @@ fn concurrent_force_stops_hand_back_every_message_once() {
                 barrier.wait();
             }
             match r.send((id % 37) as u32, id) {
-                Ok(()) => accepted.push(id),
+                Ok(_) => accepted.push(id),
                 Err(e) => assert_eq!(e.into_inner(), id, "refused message handed back"),
             }
         }

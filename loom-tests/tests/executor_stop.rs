@@ -72,7 +72,7 @@ fn shutdown_now_vs_submit_vs_step() {
         let ex2 = ex.clone();
         let producer = thread::spawn(move || {
             let refused = match r2.send(0, Msg::now(2)) {
-                Ok(()) => None,
+                Ok(_) => None,
                 Err(SubmitError::Closed(msg)) => Some(msg.id),
                 Err(e) => panic!("unexpected {e:?}"),
             };

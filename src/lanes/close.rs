@@ -35,8 +35,8 @@ use super::event::LanesEvent;
 use super::kernel::Kernel;
 use super::lane::{Driver, Lane};
 use super::shared::{Driven, Shared};
-use crate::sync::thread;
-use crate::sync::{Arc, Condvar, Mutex};
+use crate::sync::Arc;
+use crate::timer::Timer;
 
 /// The future of [`Lanes::close`](super::Lanes::close): `true` once every
 /// command taken has finished, `false` if the timeout passed first.
@@ -85,25 +85,26 @@ impl<K: Kernel> Close<K> {
         for lane in std::mem::take(&mut self.driving) {
             self.shared.closer_release(&lane);
         }
-        if let Some(timer) = self.timer.take() {
-            timer.cancel();
-        }
+        // Dropping the timer cancels it.
+        self.timer.take();
     }
 
     fn ensure_timer(&mut self, deadline: Instant, waker: &Waker) {
         if !self.use_timer || self.timer_failed {
             return;
         }
-        match &self.timer {
-            Some(timer) => timer.set_waker(waker),
-            None => match Timer::start(Arc::clone(&self.shared), deadline, waker.clone()) {
-                Ok(timer) => self.timer = Some(timer),
-                Err(reason) => {
-                    self.timer_failed = true;
-                    self.shared
-                        .emit(&LanesEvent::TimerUnavailable { reason: &reason });
-                }
-            },
+        if let Some(timer) = &self.timer {
+            return timer.set_waker(waker);
+        }
+        let shared = Arc::clone(&self.shared);
+        let clock: crate::timer::Clock = Box::new(move || shared.now());
+        match Timer::start_with(deadline, waker.clone(), clock, "lanes-close-timer") {
+            Ok(timer) => self.timer = Some(timer),
+            Err(reason) => {
+                self.timer_failed = true;
+                self.shared
+                    .emit(&LanesEvent::TimerUnavailable { reason: &reason });
+            }
         }
     }
 }
@@ -152,82 +153,5 @@ impl<K: Kernel> fmt::Debug for Close<K> {
             .field("deadline", &self.deadline)
             .field("result", &self.result)
             .finish_non_exhaustive()
-    }
-}
-
-/// A one-shot timer thread that wakes a close future at its deadline.
-struct Timer {
-    inner: Arc<TimerInner>,
-}
-
-struct TimerInner {
-    state: Mutex<TimerState>,
-    cond: Condvar,
-}
-
-struct TimerState {
-    cancelled: bool,
-    waker: Option<Waker>,
-}
-
-impl Timer {
-    fn start<K: Kernel>(
-        shared: Arc<Shared<K>>,
-        deadline: Instant,
-        waker: Waker,
-    ) -> Result<Timer, String> {
-        let inner = Arc::new(TimerInner {
-            state: Mutex::new(TimerState {
-                cancelled: false,
-                waker: Some(waker),
-            }),
-            cond: Condvar::new(),
-        });
-        let theirs = Arc::clone(&inner);
-        thread::Builder::new()
-            .name("lanes-close-timer".to_owned())
-            .spawn(move || {
-                let mut state = theirs.state.lock();
-                loop {
-                    if state.cancelled {
-                        return;
-                    }
-                    // The clock is user code: read it outside the lock.
-                    drop(state);
-                    let now = shared.now();
-                    state = theirs.state.lock();
-                    if state.cancelled {
-                        return;
-                    }
-                    if now >= deadline {
-                        let waker = state.waker.take();
-                        drop(state);
-                        if let Some(w) = waker {
-                            w.wake();
-                        }
-                        return;
-                    }
-                    state = theirs.cond.wait_timeout(state, deadline - now).0;
-                }
-            })
-            .map_err(|e| e.to_string())?;
-        Ok(Timer { inner })
-    }
-
-    fn set_waker(&self, waker: &Waker) {
-        let mut state = self.inner.state.lock();
-        match &state.waker {
-            Some(w) if w.will_wake(waker) => {}
-            _ => state.waker = Some(waker.clone()),
-        }
-    }
-
-    fn cancel(self) {
-        let mut state = self.inner.state.lock();
-        state.cancelled = true;
-        let waker = state.waker.take();
-        drop(state);
-        self.inner.cond.notify_one();
-        drop(waker);
     }
 }

@@ -51,25 +51,27 @@
 //!   the gate and rejects what is left itself. A message is either refused
 //!   with `Closed(msg)`, or run, or handed back — never lost in between.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
 use crate::completion::{Outcome, Slot};
 use crate::error::{ConfigError, Panic, TaskError};
-use crate::pool::config::DEFAULT_MAX_IN_FLIGHT;
 use crate::pool::executor::{KeyedExecutor, Shared};
 use crate::pool::handler::Handler;
 use crate::pool::inbox::Inbox;
-use crate::pool::mailbox::{Envelope, Mailbox, Step};
+use crate::pool::mailbox::{Envelope, Held, Mailbox, Stamp, Step};
 use crate::pool::observe::Identity;
-use crate::pool::receiver::{Core, Receiver};
-use crate::pool::source::CreditRef;
+#[cfg(not(loom))]
+use crate::pool::receiver::WeakCore;
+use crate::pool::receiver::{Core, Receiver, ReceiverBuilder};
+use crate::pool::source::{wait_all_drained, Ended, Source, SourceRef};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::fence;
@@ -424,6 +426,9 @@ pub(crate) struct Delivery<K, M, O> {
     env: Envelope<M, O>,
 }
 
+/// A delivery a source stop kept back, with its metrics stamp.
+type Deferred<K, M, O> = (Delivery<K, M, O>, Stamp);
+
 /// A dispatcher's port on one worker.
 ///
 /// `state`: `PORT_IDLE` (not queued), `PORT_SCHEDULED` (its task is in the
@@ -437,6 +442,10 @@ struct Port<K, M, H: Handler<K, M>, S> {
     /// Set (under the gate) by a force stop once it emptied the inbox;
     /// read by submitters after their push (see the module docs).
     closed: AtomicBool,
+    /// The gate's `deferred` queue is not empty (set by a source stop under
+    /// the gate, cleared by the port's turn under it; read by the port at
+    /// the end of a turn, after a fence, like the inbox).
+    deferred: AtomicBool,
     inbox: Inbox<Delivery<K, M, H::Output>>,
     /// Held for a delivery's bookkeeping, never across a handler (so a
     /// spin lock: one swap to take, a store to release). On its own lines:
@@ -461,6 +470,10 @@ struct Gate<K, M, H: Handler<K, M>, S> {
     lent: bool,
     /// Free mailboxes for keys that get one.
     spares: Vec<MailboxRef<K, M, H, S>>,
+    /// Deliveries a source stop took out of the inbox to hand back its own
+    /// and kept for the others (with their metrics stamps): they go ahead
+    /// of the inbox, in order.
+    deferred: VecDeque<Deferred<K, M, H::Output>>,
 }
 
 impl<K, M, H: Handler<K, M>, S> Gate<K, M, H, S> {
@@ -484,6 +497,10 @@ enum Stopped<K, M, H: Handler<K, M>, S> {
     Mailbox(MailboxRef<K, M, H, S>),
 }
 
+/// A message taken out by a source's stop, with its key (none when the
+/// key's `Clone` panicked: it goes back through its completion only).
+type Handed<K, M, O> = (Option<K>, Envelope<M, O>);
+
 /// The typed heart of a dispatcher. Mailboxes point back to it.
 pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     pub(crate) shared: Arc<Shared>,
@@ -498,6 +515,8 @@ pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     id: u64,
     /// Its name and metrics handles (see `observe.rs`).
     pub(crate) ident: Identity,
+    /// The dispatcher refuses new messages (its own stop).
+    closed: AtomicBool,
 }
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
@@ -535,17 +554,37 @@ where
         }
     }
 
-    /// Accepts `env` for `key`, or hands it back if the executor is closed.
+    /// Whether the dispatcher (or the executor) refuses new messages.
+    #[inline]
+    fn refuses(&self) -> bool {
+        self.closed.load(SeqCst) || self.shared.is_closed()
+    }
+
+    /// Accepts `env` for `key` and returns its position, or hands it back
+    /// if the executor, the dispatcher or the message's source is closed.
     /// The message's credit unit is already taken.
+    ///
+    /// The position is taken *before* the last look at the stop flags
+    /// (both SeqCst): a stop sets its flag, then waits until every position
+    /// taken so far has ended; so a message either sees the flag and is
+    /// refused (its position recorded as returned: the commit point never
+    /// passes a message that did not run), or is waited for.
     fn enqueue(
         this: &Arc<Self>,
         key: K,
-        env: Envelope<M, H::Output>,
-    ) -> Result<(), Envelope<M, H::Output>> {
+        mut env: Envelope<M, H::Output>,
+    ) -> Result<u64, Envelope<M, H::Output>> {
         // The key's `Hash` is user code: a panic here reaches the submitter
         // (whose credit unit is given back by the receiver).
         let hash = this.hasher.hash_one(&key);
-        if this.shared.is_closed() {
+        let source = env.held.source.get();
+        if source.is_closed() || this.refuses() {
+            return Err(env);
+        }
+        let position = source.take_position();
+        env.held.position = position;
+        if source.is_closed() || this.refuses() {
+            source.record(source.other_row(), position, Ended::Returned);
             return Err(env);
         }
         let b = this.bucket_of(hash);
@@ -563,7 +602,7 @@ where
             // A force stop may have emptied the inbox before our push
             // landed: hand back what is left, here.
             this.reject_late(port);
-            return Ok(());
+            return Ok(position);
         }
         if port.state.load(SeqCst) == PORT_IDLE
             && port
@@ -582,7 +621,7 @@ where
                 this.shared.schedule(worker, task);
             }
         }
-        Ok(())
+        Ok(position)
     }
 
     /// Looks a delivery's key up among the port's active mailboxes (the
@@ -708,12 +747,158 @@ where
     /// panicked (without the `on_panic` hook, which needs the key).
     fn fail_unkeyed(&self, env: Envelope<M, H::Output>, panic: Panic) {
         self.ident.metrics.finished_direct(false);
-        let Envelope { reply, credit, .. } = env;
-        // SAFETY: the failed message held this unit.
-        unsafe { credit.release(1) };
+        let Envelope { reply, held, .. } = env;
+        self.end(held, Ended::Finished, None, false);
         if let Some(slot) = reply {
             slot.complete(Err(TaskError::Panicked(panic)));
         }
+    }
+
+    /// A message of this dispatcher ended (finished, failed, handed back or
+    /// cancelled): records how at its position, gives back its unit
+    /// (batched on a worker if `batched`) and drops its pin on its source.
+    #[inline]
+    fn end(&self, held: Held, ended: Ended, cx: Option<&WorkerCx<'_>>, batched: bool) {
+        let source = held.source.get();
+        let row = match cx {
+            Some(cx) => cx.index,
+            None => source.other_row(),
+        };
+        source.record(row, held.position, ended);
+        // SAFETY: the message held this unit (or share) until now.
+        if let Some(unit) = unsafe { held.unit.leave() } {
+            match cx {
+                Some(cx) if batched => cx.release_credit(unit),
+                // SAFETY: the unit was the message's (its last holder's).
+                _ => unsafe { unit.release(1) },
+            }
+        }
+        if held.pinned() {
+            // No unit of its source came back: wake whoever waits on it.
+            source.poke();
+            // SAFETY: the message held this pin (see `Held`).
+            unsafe { held.source.unpin() };
+        }
+    }
+
+    /// A worker met a message of a stopped source: hand it back, on the
+    /// stopping thread if one waits (see `Source::hand_over`).
+    pub(crate) fn hand_over(this: &Arc<Self>, key: &K, env: Envelope<M, H::Output>) {
+        let source = env.held.source;
+        // The key's `Clone` is user code.
+        match catch_unwind(AssertUnwindSafe(|| key.clone())) {
+            Ok(key) => {
+                let this = this.clone();
+                source
+                    .get()
+                    .hand_over(Box::new(move || this.reject(&key, env)));
+            }
+            Err(_) => this.reject_keyless(env),
+        }
+    }
+
+    /// Hands back a message whose key could not be cloned (its `Clone`
+    /// panicked): through its completion; a fire-and-forget one is dropped
+    /// (the `on_reject` hook needs the key) and counted as rejected.
+    #[cold]
+    fn reject_keyless(&self, env: Envelope<M, H::Output>) {
+        let Envelope { msg, reply, held } = env;
+        trace::message_rejected(&self.ident.name, reply.is_some());
+        self.ident.metrics.rejected();
+        self.shared.rejected.fetch_add(1, Relaxed);
+        self.end(held, Ended::Returned, None, false);
+        match reply {
+            Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
+            None => {
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(msg)));
+            }
+        }
+    }
+
+    /// A source stop, on the stopping thread (see `receiver.rs`): hands back
+    /// every message of a source that `stopped` picks waiting in this
+    /// dispatcher's ports (inboxes and mailbox queues) and cancels their
+    /// suspended futures; a mailbox running a step is asked to look before
+    /// it suspends. The other sources' deliveries taken out of an inbox go
+    /// ahead of it, in order. Returns how many messages came back.
+    fn stop_sources(this: &Arc<Self>, stopped: &dyn Fn(SourceRef) -> bool) -> usize {
+        let mut n = 0;
+        for (worker, port) in this.ports.iter().enumerate() {
+            let mut handed: Vec<Handed<K, M, H::Output>> = Vec::new();
+            let mut claimed: Vec<MailboxRef<K, M, H, S>> = Vec::new();
+            let deferred = {
+                let mut gate = port.gate.lock();
+                if gate.closed {
+                    // A force stop emptied the port; it hands back the rest.
+                    continue;
+                }
+                let nb = this.routes.len();
+                let mut keep = VecDeque::new();
+                let old = std::mem::take(&mut gate.deferred);
+                let popped = std::iter::from_fn(|| {
+                    // SAFETY: we hold the gate, so we are the inbox's only
+                    // consumer.
+                    unsafe { port.inbox.pop_stamped() }
+                });
+                for (d, stamp) in old.into_iter().chain(popped) {
+                    if stopped(d.env.held.source) {
+                        let count = gate.bucket(this.bucket_of(d.hash), nb);
+                        count.received = count.received.wrapping_add(1);
+                        handed.push((Some(d.key), d.env));
+                    } else {
+                        keep.push_back((d, stamp));
+                    }
+                }
+                let deferred = !keep.is_empty();
+                gate.deferred = keep;
+                port.deferred.store(deferred, SeqCst);
+                for m in gate.active.values() {
+                    let out = m.take_queued(stopped);
+                    if !out.is_empty() {
+                        // SAFETY: under the gate, a mailbox in the map has a
+                        // key nobody takes. Its `Clone` is user code.
+                        let key =
+                            catch_unwind(AssertUnwindSafe(|| unsafe { m.key() }.clone())).ok();
+                        handed.extend(out.into_iter().map(|env| (key.clone(), env)));
+                    }
+                    if m.claim_for_stop() {
+                        // SAFETY: the claim made us the owner of its turn.
+                        match unsafe { m.current() } {
+                            Some(held) if stopped(held.source) => claimed.push(m.clone()),
+                            _ => Mailbox::unclaim(m),
+                        }
+                    }
+                }
+                deferred
+            };
+            if deferred {
+                // As a submitter after its push: the port may have gone
+                // idle having seen neither the inbox nor `deferred`.
+                fence(SeqCst);
+                if port.state.load(SeqCst) == PORT_IDLE
+                    && port
+                        .state
+                        .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
+                        .is_ok()
+                {
+                    this.shared.schedule(worker, Task::new(this.clone()));
+                }
+            }
+            for (key, env) in handed {
+                match key {
+                    Some(key) => this.reject(&key, env),
+                    None => this.reject_keyless(env),
+                }
+                n += 1;
+            }
+            for m in claimed {
+                // SAFETY: claimed above: we own its turn.
+                unsafe { m.cancel_current() };
+                Mailbox::resume_after_stop(m);
+                n += 1;
+            }
+        }
+        n
     }
 
     /// A push that landed after a force stop emptied `port`: hand back
@@ -746,15 +931,30 @@ where
                 more = false;
                 break;
             }
-            // SAFETY: we hold the gate: the only consumer.
-            let Some((Delivery { key, hash, env }, stamp)) = (unsafe { port.inbox.pop_stamped() })
-            else {
+            let next = match gate.deferred.pop_front() {
+                Some(d) => {
+                    if gate.deferred.is_empty() {
+                        port.deferred.store(false, Relaxed);
+                    }
+                    Some(d)
+                }
+                // SAFETY: we hold the gate: the only consumer.
+                None => unsafe { port.inbox.pop_stamped() },
+            };
+            let Some((Delivery { key, hash, env }, stamp)) = next else {
                 more = false;
                 break;
             };
             let b = this.bucket_of(hash);
             let count = gate.bucket(b, n);
             count.received = count.received.wrapping_add(1);
+            if env.held.source.get().is_stopped() {
+                // Its source is stopping: hand it back, do not start it.
+                drop(gate);
+                Self::hand_over(&this, &key, env);
+                gate = port.gate.lock();
+                continue;
+            }
             let key = match Self::lookup(&gate, hash, key) {
                 Ok(Lookup::Active(m, key)) => {
                     // SAFETY: in the map, under the gate.
@@ -849,10 +1049,10 @@ where
                 gate = port.gate.lock();
             }
         }
-        drop(gate);
         if more {
-            more = !port.inbox.is_empty();
+            more = !port.inbox.is_empty() || !gate.deferred.is_empty();
         }
+        drop(gate);
         cx.port_turn(false);
         if more {
             // Fairness: let the worker's other tasks run, then come back.
@@ -867,11 +1067,11 @@ where
         // value that is there: one claimed but not yet written makes
         // `is_empty` false while `pop` sees nothing, and its producer,
         // which reads the state after its push, schedules us itself.
-        if !port.inbox.is_empty() {
+        if !port.inbox.is_empty() || port.deferred.load(SeqCst) {
             let ready = {
                 let gate = port.gate.lock();
                 // SAFETY: we hold the gate: the only consumer.
-                !gate.closed && unsafe { port.inbox.has_ready() }
+                !gate.closed && (!gate.deferred.is_empty() || unsafe { port.inbox.has_ready() })
             };
             if ready
                 && port
@@ -908,39 +1108,44 @@ where
         }
     }
 
-    /// Delivers a finished message's outcome and returns its credit.
+    /// Delivers a finished message's outcome, records it at its position
+    /// and returns its credit.
     pub(crate) fn finish(
         &self,
         key: &K,
-        worker: usize,
         reply: Option<Arc<Slot<H::Output, M>>>,
-        credit: CreditRef,
+        held: Held,
         cx: Option<&WorkerCx<'_>>,
         outcome: Outcome<H::Output, M>,
     ) {
-        let counters = &self.shared.workers[worker].counters;
-        match &outcome {
-            // Only this worker's thread writes these two: no RMW needed.
-            Ok(_) => {
-                let done = counters.done.load(Relaxed) + 1;
-                counters.done.store(done, Relaxed);
-                crate::metrics::done(cx, &self.ident.metrics, done);
+        if let Some(cx) = cx {
+            let counters = &self.shared.workers[cx.index].counters;
+            match &outcome {
+                // Only this worker's thread writes these two: no RMW needed.
+                Ok(_) => {
+                    let done = counters.done.load(Relaxed) + 1;
+                    counters.done.store(done, Relaxed);
+                    crate::metrics::done(Some(cx), &self.ident.metrics, done);
+                }
+                Err(TaskError::Panicked(p)) => {
+                    trace::handler_panicked(&self.ident.name, cx.index, p);
+                    counters
+                        .panicked
+                        .store(counters.panicked.load(Relaxed) + 1, Relaxed);
+                    crate::metrics::panicked(Some(cx), &self.ident.metrics);
+                }
+                Err(_) => {}
             }
-            Err(TaskError::Panicked(p)) => {
-                trace::handler_panicked(&self.ident.name, worker, p);
-                counters
-                    .panicked
-                    .store(counters.panicked.load(Relaxed) + 1, Relaxed);
-                crate::metrics::panicked(cx, &self.ident.metrics);
-            }
-            Err(_) => {}
         }
+        let ended = match &outcome {
+            Err(TaskError::Cancelled | TaskError::Rejected(_)) => Ended::Returned,
+            _ => Ended::Finished,
+        };
         match reply {
             Some(slot) => {
                 // Give the unit back before the completion resolves, so a
                 // caller that saw its message finish can submit again at once.
-                // SAFETY: the finished message held this unit.
-                unsafe { credit.release(1) };
+                self.end(held, ended, cx, false);
                 slot.complete(outcome);
             }
             None => {
@@ -957,11 +1162,7 @@ where
                 }
                 // Nobody watches a fire-and-forget message finish: its unit
                 // may come back in a small batch (see `WorkerCx::pending`).
-                match cx {
-                    Some(cx) => cx.release_credit(credit),
-                    // SAFETY: the finished message held this unit.
-                    None => unsafe { credit.release(1) },
-                }
+                self.end(held, ended, cx, true);
             }
         }
     }
@@ -980,13 +1181,13 @@ where
     where
         K: Clone,
     {
-        let Envelope { msg, reply, credit } = env;
+        let Envelope { msg, reply, held } = env;
         trace::message_rejected(&self.ident.name, reply.is_some());
         self.ident.metrics.rejected();
         self.shared.rejected.fetch_add(1, Relaxed);
-        // SAFETY: the rejected message held this unit; given back first so a
-        // caller that sees the rejection sees the unit back.
-        unsafe { credit.release(1) };
+        // Given back first so a caller that sees the rejection sees the
+        // unit back.
+        self.end(held, Ended::Returned, None, false);
         match reply {
             Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
             None => {
@@ -1021,7 +1222,10 @@ where
     fn is_quiet(&self) -> bool {
         self.ports.iter().all(|port| {
             let gate = port.gate.lock();
-            gate.active.is_empty() && !gate.lent && port.inbox.is_empty()
+            gate.active.is_empty()
+                && !gate.lent
+                && gate.deferred.is_empty()
+                && port.inbox.is_empty()
         })
     }
 
@@ -1052,9 +1256,13 @@ where
                 // After `closed`: a push this drain does not see sees it.
                 fence(SeqCst);
                 // SAFETY: we hold the gate: the only consumer.
-                let mut out: Vec<_> = std::iter::from_fn(|| unsafe { port.inbox.pop() })
+                let mut out: Vec<_> = std::mem::take(&mut gate.deferred)
+                    .into_iter()
+                    .map(|(d, _)| d)
+                    .chain(std::iter::from_fn(|| unsafe { port.inbox.pop() }))
                     .map(Stopped::Delivery)
                     .collect();
+                port.deferred.store(false, Relaxed);
                 let mailboxes = gate.active.len();
                 out.extend(gate.active.drain().map(|(_, m)| Stopped::Mailbox(m)));
                 (out, mailboxes)
@@ -1189,12 +1397,29 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     #[inline]
-    fn enqueue(&self, key: K, env: Envelope<M, H::Output>) -> Result<(), Envelope<M, H::Output>> {
+    fn enqueue(&self, key: K, env: Envelope<M, H::Output>) -> Result<u64, Envelope<M, H::Output>> {
         DispatcherInner::enqueue(&self.0, key, env)
     }
 
     fn is_closed(&self) -> bool {
-        self.0.shared.is_closed()
+        self.0.refuses()
+    }
+
+    fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    fn close(&self) {
+        self.0.closed.store(true, SeqCst);
+    }
+
+    fn stop_sources(&self, stopped: &dyn Fn(SourceRef) -> bool) -> usize {
+        DispatcherInner::stop_sources(&self.0, stopped)
+    }
+
+    #[cfg(not(loom))]
+    fn downgrade(&self) -> Box<dyn WeakCore<K, M, H::Output>> {
+        Box::new(WeakHandle(Arc::downgrade(&self.0)))
     }
 
     fn live_mailboxes(&self) -> usize {
@@ -1211,6 +1436,42 @@ where
 
     fn clone_box(&self) -> Box<dyn Core<K, M, H::Output>> {
         Box::new(CoreHandle::new(self.0.clone()))
+    }
+}
+
+/// A handle that keeps nothing alive (see `WeakReceiver`).
+#[cfg(not(loom))]
+struct WeakHandle<K, M, H: Handler<K, M>, S>(std::sync::Weak<DispatcherInner<K, M, H, S>>);
+
+#[cfg(not(loom))]
+impl<K, M, H, S> WeakCore<K, M, H::Output> for WeakHandle<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    fn upgrade(&self) -> Option<Box<dyn Core<K, M, H::Output>>> {
+        let inner = self.0.upgrade()?;
+        // Only while a strong handle lives: once the last one went, the
+        // dispatcher may have left the executor's registry.
+        let mut cur = inner.handles.load(Acquire);
+        loop {
+            if cur == 0 {
+                return None;
+            }
+            match inner
+                .handles
+                .compare_exchange_weak(cur, cur + 1, AcqRel, Acquire)
+            {
+                Ok(_) => return Some(Box::new(CoreHandle(inner))),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    fn clone_box(&self) -> Box<dyn WeakCore<K, M, H::Output>> {
+        Box::new(WeakHandle(self.0.clone()))
     }
 }
 
@@ -1245,46 +1506,51 @@ pub struct Dispatcher<K, M, O> {
 
 impl<K, M, O> Dispatcher<K, M, O> {
     /// A new receiver (source) holding at most `max_in_flight` unfinished
-    /// messages.
+    /// messages, with the default commit span (see
+    /// [`receiver_builder`](Self::receiver_builder) for more settings).
     ///
     /// # Errors
-    /// [`ConfigError::ZeroMaxInFlight`] if `max_in_flight` is 0.
+    /// [`ConfigError::ZeroMaxInFlight`] if `max_in_flight` is 0,
+    /// [`ConfigError::MaxInFlightTooLarge`] beyond 2^40 − 1.
     pub fn receiver(&self, max_in_flight: usize) -> Result<Receiver<K, M, O>, ConfigError> {
-        if max_in_flight == 0 {
-            return Err(ConfigError::ZeroMaxInFlight);
-        }
-        Ok(Receiver::new(self.core.clone_box(), max_in_flight, None))
+        self.receiver_builder().max_in_flight(max_in_flight).build()
     }
 
     /// A new receiver like [`receiver`](Self::receiver), whose
     /// `keyed_executor_in_flight` series (with the `metrics` feature) is
     /// labelled `receiver = name` instead of its number in this dispatcher
-    /// (`"0"`, `"1"`, …). Name the receivers of sources that come and go
-    /// (a partition revoked and assigned again): the series is then reused
-    /// rather than a new one made each time. Without the feature the name
-    /// is not kept.
+    /// (`"0"`, `"1"`, …); the same as
+    /// `receiver_builder().max_in_flight(max_in_flight).name(name).build()`
+    /// (see [`ReceiverBuilder::name`]). Name the receivers of sources that
+    /// come and go (a partition revoked and assigned again): the series is
+    /// then reused rather than a new one made each time. Without the
+    /// feature the name is not kept.
     ///
     /// # Errors
-    /// [`ConfigError::ZeroMaxInFlight`] if `max_in_flight` is 0.
+    /// As for [`receiver`](Self::receiver).
     pub fn named_receiver(
         &self,
         name: impl Into<String>,
         max_in_flight: usize,
     ) -> Result<Receiver<K, M, O>, ConfigError> {
-        if max_in_flight == 0 {
-            return Err(ConfigError::ZeroMaxInFlight);
-        }
-        Ok(Receiver::new(
-            self.core.clone_box(),
-            max_in_flight,
-            Some(name.into()),
-        ))
+        self.receiver_builder()
+            .max_in_flight(max_in_flight)
+            .name(name)
+            .build()
     }
 
     /// A new receiver with the default `max_in_flight`
-    /// ([`DEFAULT_MAX_IN_FLIGHT`], 256).
+    /// ([`DEFAULT_MAX_IN_FLIGHT`](crate::DEFAULT_MAX_IN_FLIGHT), 256).
     pub fn default_receiver(&self) -> Receiver<K, M, O> {
-        Receiver::new(self.core.clone_box(), DEFAULT_MAX_IN_FLIGHT, None)
+        self.receiver_builder()
+            .build()
+            .expect("the defaults are valid")
+    }
+
+    /// Configures a new receiver: its credit, its commit span and its
+    /// metrics label.
+    pub fn receiver_builder(&self) -> ReceiverBuilder<K, M, O> {
+        ReceiverBuilder::new(self.core.clone_box())
     }
 
     /// Its name ([`DispatcherBuilder::name`]; by default `dispatcher-{n}`,
@@ -1294,18 +1560,69 @@ impl<K, M, O> Dispatcher<K, M, O> {
     }
 
     /// Keys with work right now: a mailbox with messages queued, running,
-    /// or suspended on a future. (A mailbox that went idle is kept a short
-    /// while for the key's next message and is not counted; see
-    /// [`ExecutorStats::idle_mailboxes`](crate::ExecutorStats::idle_mailboxes).)
+    /// or suspended on a future (a key that has none has no mailbox).
     /// Counting visits every mailbox: cheap enough to poll now and then, not
     /// per message.
     pub fn live_mailboxes(&self) -> usize {
         self.core.live_mailboxes()
     }
 
-    /// Whether the executor refuses new messages.
+    /// Whether the dispatcher refuses new messages: it was shut down, or the
+    /// executor is shutting down.
     pub fn is_closed(&self) -> bool {
         self.core.is_closed()
+    }
+
+    /// Stops this dispatcher (a component) gracefully while the others go
+    /// on, on the same workers: from now on every receiver of it refuses new
+    /// messages (`Closed(msg)`), and this waits until every message they
+    /// accepted has ended. `true` if that happened within `timeout` (zero:
+    /// look now); `false` if not (the messages go on; call again to wait
+    /// more, or [`shutdown_now`](Self::shutdown_now)). Idempotent.
+    ///
+    /// A service stops its components first, then the executor:
+    /// `dispatcher.shutdown(t)` for each, then
+    /// [`KeyedExecutor::shutdown`](crate::KeyedExecutor::shutdown).
+    ///
+    /// Called from a handler (on a worker) it closes and says whether the
+    /// dispatcher has drained, without waiting.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
+        let shared = self.core.shared();
+        self.core.close();
+        let sources = shared.sources_of(Some(self.core.id()));
+        let refs: Vec<&Source> = sources.iter().map(|s| &**s).collect();
+        if crate::pool::worker::on_worker_of(shared.id()) {
+            return refs.iter().all(|s| s.is_drained());
+        }
+        wait_all_drained(&refs, Instant::now().checked_add(timeout), false)
+    }
+
+    /// Stops this dispatcher now, as [`Receiver::shutdown_now`] does for one
+    /// source, for all of its receivers: they refuse new messages, every
+    /// queued message is handed back on the calling thread (through its
+    /// [`Completion`](crate::Completion) as `Rejected(msg)`, or the
+    /// `on_reject` hook), every suspended future is cancelled, and this
+    /// waits for the steps running now. After it returns no message of this
+    /// dispatcher starts; the other dispatchers go on. Idempotent.
+    pub fn shutdown_now(&self) {
+        let shared = self.core.shared();
+        self.core.close();
+        let sources = shared.sources_of(Some(self.core.id()));
+        for s in &sources {
+            s.stopper_enter();
+            s.stop();
+        }
+        self.core.stop_sources(&|_| true);
+        if !crate::pool::worker::on_worker_of(shared.id()) {
+            let refs: Vec<&Source> = sources.iter().map(|s| &**s).collect();
+            wait_all_drained(&refs, None, true);
+        }
+        for s in &sources {
+            s.stopper_leave();
+        }
+        // As after the executor's force stop: the in-flight gauges show
+        // what the stop handed back.
+        shared.metrics.refresh_gauges();
     }
 }
 
@@ -1455,6 +1772,7 @@ where
                     CachePadded::new(Port {
                         state: AtomicUsize::new(PORT_IDLE),
                         closed: AtomicBool::new(false),
+                        deferred: AtomicBool::new(false),
                         inbox: Inbox::new(),
                         gate: CachePadded::new(SpinLock::new(Gate {
                             closed: false,
@@ -1464,6 +1782,7 @@ where
                             slot: None,
                             lent: false,
                             spares: Vec::new(),
+                            deferred: VecDeque::new(),
                         })),
                     })
                 })
@@ -1474,6 +1793,7 @@ where
             handles: AtomicUsize::new(0),
             id,
             ident: Identity::new(id, self.name),
+            closed: AtomicBool::new(false),
         });
         let handle = CoreHandle::new(inner.clone());
         shared.register(Box::new(Target(inner)));

@@ -51,7 +51,7 @@ use crate::pool::config::{Builder, Config};
 use crate::pool::dispatcher::{Dispatcher, DispatcherBuilder, StopTarget};
 use crate::pool::handler::Handler;
 use crate::pool::observe::Watch;
-use crate::pool::source::CreditRef;
+use crate::pool::source::{PinnedSource, SourceRef};
 use crate::pool::spawn::Spawned;
 use crate::pool::stats::{DispatcherStats, ExecutorStats, WorkerState, WorkerStats};
 use crate::pool::task::Task;
@@ -89,7 +89,7 @@ pub(crate) struct Shared {
     owners: AtomicUsize,
     pub(crate) rejected: AtomicU64,
     /// Every receiver's credit that is alive (see `credit.rs`).
-    sources: Mutex<Vec<CreditRef>>,
+    sources: Mutex<Vec<SourceRef>>,
     /// Futures spawned through `futures_task::Spawn` (see `spawn.rs`).
     pub(crate) spawned: Spawned,
     /// The slow-step watch and the clock's epoch (see `observe.rs`).
@@ -135,12 +135,22 @@ impl Shared {
     }
 
     /// A receiver's credit is made: count it among the sources.
-    pub(crate) fn register_source(&self, source: CreditRef) {
+    pub(crate) fn register_source(&self, source: SourceRef) {
         self.sources.lock().push(source);
     }
 
+    /// The live sources (of dispatcher `dispatcher`, or all), pinned.
+    pub(crate) fn sources_of(&self, dispatcher: Option<u64>) -> Vec<PinnedSource> {
+        let sources = self.sources.lock();
+        sources
+            .iter()
+            .filter(|s| dispatcher.map_or(true, |d| s.get().dispatcher() == d))
+            .filter_map(|s| PinnedSource::new(*s))
+            .collect()
+    }
+
     /// A receiver's credit is freed (its word is zero).
-    pub(crate) fn deregister_source(&self, source: CreditRef) {
+    pub(crate) fn deregister_source(&self, source: SourceRef) {
         let mut sources = self.sources.lock();
         if let Some(i) = sources.iter().position(|s| *s == source) {
             sources.swap_remove(i);
@@ -148,8 +158,8 @@ impl Shared {
         drop(sources);
         self.metrics.source_gone(source);
         // Its last unit came back with this: a graceful stop may be waiting
-        // for that (the path that frees the credit does not call
-        // `Credit::drained`).
+        // for that (the path that frees the source does not call
+        // `Source::drained`).
         self.wake_if_closed();
     }
 

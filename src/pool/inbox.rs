@@ -104,6 +104,12 @@ unsafe impl<T: Send, const CAP: usize> Send for Inbox<T, CAP> {}
 // SAFETY: as above.
 unsafe impl<T: Send, const CAP: usize> Sync for Inbox<T, CAP> {}
 
+impl<T, const CAP: usize> Default for Inbox<T, CAP> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<T, const CAP: usize> Inbox<T, CAP> {
     /// Index values per block: the slots and the "next block" marker.
     const LAP: usize = CAP + 1;

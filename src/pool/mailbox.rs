@@ -97,7 +97,7 @@ use crate::error::{Panic, TaskError};
 use crate::pool::dispatcher::DispatcherInner;
 use crate::pool::handler::Handler;
 use crate::pool::observe::StepToken;
-use crate::pool::source::CreditRef;
+use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};
 use crate::pool::worker::WorkerCx;
@@ -112,14 +112,41 @@ const CLOSED: usize = 4;
 const FREE: usize = 5;
 const STATE_MASK: usize = 0b111;
 const NOTIFIED: usize = 0b1000;
+/// With `RUNNING`: a source stop began while the step ran; the runner looks
+/// whether its message's source is the stopped one before it suspends.
+const STOP_CHECK: usize = 0b1_0000;
 
 /// One accepted message on its way through a mailbox.
 pub(crate) struct Envelope<M, O> {
     pub(crate) msg: M,
     /// The completion to deliver to; `None` for fire-and-forget sends.
     pub(crate) reply: Option<Arc<Slot<O, M>>>,
-    /// The credit unit this message holds until it finishes.
-    pub(crate) credit: CreditRef,
+    pub(crate) held: Held,
+}
+
+/// What an accepted message holds of its source until it ends.
+///
+/// Invariant: the message keeps `source` alive by its unit when `unit` is
+/// a plain unit of `source`, and by a pin (a handle count) otherwise — when
+/// it holds a share of a unit (a follow-up, or a message that passed its
+/// unit on; see `receiver.rs`).
+#[derive(Clone, Copy)]
+pub(crate) struct Held {
+    /// The receiver that accepted it (its positions, its stop).
+    pub(crate) source: SourceRef,
+    pub(crate) position: u64,
+    /// The unit of credit it gives back (or leaves) when it ends.
+    pub(crate) unit: UnitRef,
+    /// It passed its unit on to a follow-up (at most once).
+    pub(crate) passed: bool,
+}
+
+impl Held {
+    /// Whether it pins `source` (see the invariant).
+    #[inline]
+    pub(crate) fn pinned(&self) -> bool {
+        self.unit != UnitRef::Plain(self.source)
+    }
 }
 
 /// A message's metrics stamp: its acceptance time if the metrics sample it
@@ -134,7 +161,7 @@ type Queued<M, O> = (Envelope<M, O>, Stamp);
 /// Where the running message's outcome goes.
 struct Meta<O, M> {
     reply: Option<Arc<Slot<O, M>>>,
-    credit: CreditRef,
+    held: Held,
     /// Its first poll, if the metrics sample it.
     run: crate::metrics::RunStart,
 }
@@ -151,6 +178,8 @@ pub(crate) enum Step {
 /// What the runner found when it asked for the next message.
 enum Next<M, O> {
     Message(Envelope<M, O>, Stamp),
+    /// A message of a stopped source: handed back, not started.
+    Stopped(Envelope<M, O>),
     /// The queue was empty.
     Empty,
     Forced,
@@ -163,6 +192,8 @@ enum AfterPending {
     Suspended,
     /// A wake came during the poll: re-queued to be polled again.
     Requeued,
+    /// A source stop asked to look (`STOP_CHECK`); still `RUNNING`.
+    Check,
 }
 
 // `repr(C)`, hot fields first: a message that completes in its first poll
@@ -337,6 +368,29 @@ where
         Ok(())
     }
 
+    /// A source stop (the caller holds the port's gate, the mailbox is in
+    /// its map): takes out the queued messages whose source `stopped`
+    /// picks, keeping the others in order.
+    pub(crate) fn take_queued(
+        &self,
+        stopped: &dyn Fn(SourceRef) -> bool,
+    ) -> Vec<Envelope<M, H::Output>> {
+        let mut q = self.queue.lock();
+        if !q.iter().any(|(e, _)| stopped(e.held.source)) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let all = std::mem::take(&mut *q);
+        for (e, stamp) in all {
+            if stopped(e.held.source) {
+                out.push(e);
+            } else {
+                q.push_back((e, stamp));
+            }
+        }
+        out
+    }
+
     /// Force stop, on the stopping thread: hand back every queued message,
     /// and if the mailbox is suspended or queued, claim it and cancel its
     /// future. The caller has already taken the mailbox out of its map.
@@ -406,8 +460,12 @@ where
         stamp: Stamp,
         cx: &WorkerCx<'_>,
     ) -> Step {
-        let Envelope { msg, reply, credit } = env;
-        cx.before_start(credit);
+        let Envelope {
+            msg,
+            reply,
+            mut held,
+        } = env;
+        cx.before_start(held.unit.source());
         let handler = &this.dispatcher.handler;
         // SAFETY: we own the turn, a key is set (caller's contract).
         let key = unsafe { this.key() };
@@ -421,6 +479,7 @@ where
         };
         let run = ident.metrics.first_poll(&stamp, step.started());
         let span = trace::MessageSpan::new(&ident.name, hash, cx.index);
+        cx.enter_handler(held.source, held.unit, held.passed);
         let called = catch_unwind(AssertUnwindSafe(|| {
             let _entered = span.enter();
             handler.call(key, msg)
@@ -431,24 +490,28 @@ where
                 // SAFETY: we own the turn (caller's contract).
                 unsafe {
                     this.future.with_mut(|f| ptr::write(f, Some(fut)));
-                    match Self::poll_in_place(this) {
+                    let polled = Self::poll_in_place(this);
+                    (held.unit, held.passed) = cx.leave_handler();
+                    match polled {
                         Poll::Ready(outcome) => outcome,
                         Poll::Pending => {
                             if MEASURED {
                                 let ended = cx.step_end(ident, hash, step);
                                 ident.metrics.polled(&run, step.started(), ended, false);
                             }
-                            let meta = Meta { reply, credit, run };
+                            let meta = Meta { reply, held, run };
                             this.meta.with_mut(|m| ptr::write(m, Some(meta)));
                             return Step::Pending;
                         }
                     }
                 }
             }
-            Err(payload) => Err(TaskError::Panicked(Panic::new(payload))),
+            Err(payload) => {
+                (held.unit, held.passed) = cx.leave_handler();
+                Err(TaskError::Panicked(Panic::new(payload)))
+            }
         };
-        this.dispatcher
-            .finish(key, cx.index, reply, credit, Some(cx), outcome);
+        this.dispatcher.finish(key, reply, held, Some(cx), outcome);
         if MEASURED {
             let ended = cx.step_end(ident, hash, step);
             ident.metrics.polled(&run, step.started(), ended, true);
@@ -466,29 +529,53 @@ where
         let ident = &this.dispatcher.ident;
         // SAFETY: we own the turn; a mailbox with a future has a key.
         let hash = unsafe { this.hash() };
-        // SAFETY: we own the turn (caller's contract).
-        let run = unsafe { this.meta.with(|m| (*m).as_ref().map(|m| m.run)) }.unwrap_or_default();
+        // SAFETY: we own the turn (caller's contract): `meta` is ours.
+        let (held, run) = unsafe { this.meta.with(|m| (*m).as_ref().map(|m| (m.held, m.run))) }
+            .expect("meta is stored");
+        wcx.before_start(held.unit.source());
         let step = wcx.step_begin(ident, hash, run.sampled());
+        wcx.enter_handler(held.source, held.unit, held.passed);
         // SAFETY: caller's contract.
-        let Poll::Ready(outcome) = (unsafe { Self::poll_in_place(this) }) else {
+        let polled = unsafe { Self::poll_in_place(this) };
+        let (unit, passed) = wcx.leave_handler();
+        // SAFETY: we own the turn.
+        let Poll::Ready(outcome) = polled else {
+            // SAFETY: as above.
+            unsafe {
+                this.meta.with_mut(|m| {
+                    if let Some(m) = (*m).as_mut() {
+                        (m.held.unit, m.held.passed) = (unit, passed);
+                    }
+                })
+            };
             let ended = wcx.step_end(ident, hash, step);
             ident.metrics.polled(&run, step.started(), ended, false);
             return Step::Pending;
         };
         // SAFETY: we own the turn.
-        let meta = unsafe { this.meta.with_mut(|m| (*m).take()) }.expect("meta is stored");
+        let mut meta = unsafe { this.meta.with_mut(|m| (*m).take()) }.expect("meta is stored");
+        (meta.held.unit, meta.held.passed) = (unit, passed);
         this.dispatcher.finish(
             // SAFETY: we own the turn; a mailbox with a future has a key.
             unsafe { this.key() },
-            wcx.index,
             meta.reply,
-            meta.credit,
+            meta.held,
             Some(wcx),
             outcome,
         );
         let ended = wcx.step_end(ident, hash, step);
         ident.metrics.polled(&run, step.started(), ended, true);
         Step::Done
+    }
+
+    /// What the current (suspended) message holds, if one is stored.
+    ///
+    /// # Safety
+    /// The caller owns the mailbox's turn (or claimed it).
+    #[inline]
+    pub(crate) unsafe fn current(&self) -> Option<Held> {
+        // SAFETY: caller's contract.
+        self.meta.with(|m| unsafe { (*m).as_ref().map(|m| m.held) })
     }
 
     /// Polls the stored future once with the mailbox's waker; if it is done
@@ -567,9 +654,8 @@ where
             self.dispatcher.finish(
                 // SAFETY: a mailbox with a future has a key.
                 unsafe { self.key() },
-                self.worker,
                 meta.reply,
-                meta.credit,
+                meta.held,
                 None,
                 Err(TaskError::Cancelled),
             );
@@ -597,6 +683,11 @@ where
                         Step::Done => {}
                         Step::Pending => return Self::after_pending(this, cx),
                     }
+                }
+                Next::Stopped(env) => {
+                    // SAFETY: we own the turn; a key is set.
+                    let key = unsafe { this.key() };
+                    DispatcherInner::hand_over(&this.dispatcher, key, env);
                 }
                 Next::Empty => {
                     // Gone back to the port's spares (or closed), unless a
@@ -653,6 +744,7 @@ where
             return Next::Forced;
         }
         match q.pop_front() {
+            Some((env, _)) if env.held.source.get().is_stopped() => Next::Stopped(env),
             Some((env, stamp)) => Next::Message(env, stamp),
             None => Next::Empty,
         }
@@ -664,6 +756,13 @@ where
     /// state then load `FORCED`; the stopper sets `FORCED` then CASes the
     /// state. All four are SeqCst, so at least one side sees the other and
     /// the suspended future is cancelled exactly once (by whichever CAS wins).
+    ///
+    /// Against a source stop likewise: the stopper sets `STOPPED` on the
+    /// source, then (under the port's gate) claims a `SUSPENDED` mailbox or
+    /// adds `STOP_CHECK` to a `RUNNING` one. Either our CAS to `SUSPENDED`
+    /// comes first (the stopper claims it and cancels), or it fails on
+    /// `STOP_CHECK` and we look at the source ourselves, still owning the
+    /// turn — never after, when the message (and its source) may be gone.
     pub(crate) fn after_pending(this: Arc<Self>, cx: &WorkerCx<'_>) {
         if this.dispatcher.shared.is_forced() {
             // SAFETY: we still own the turn.
@@ -671,7 +770,20 @@ where
             this.state.swap(CLOSED, AcqRel);
             return;
         }
+        // SAFETY: we own the turn.
+        if unsafe { this.current_is_stopped() } {
+            return Self::cancel_stopped(this, cx);
+        }
         match this.transition_to_idle() {
+            AfterPending::Check => {
+                // SAFETY: still `RUNNING`: we own the turn.
+                if unsafe { this.current_is_stopped() } {
+                    return Self::cancel_stopped(this, cx);
+                }
+                // Another source stopped: suspend after all.
+                this.clear_stop_check();
+                Self::after_pending(this, cx)
+            }
             AfterPending::Requeued => cx.requeue_local(Task::new(this)),
             AfterPending::Suspended => {
                 // A force stop that began before we suspended may have found
@@ -689,10 +801,79 @@ where
         }
     }
 
+    /// Whether the current message's source is being stopped.
+    ///
+    /// # Safety
+    /// The caller owns the turn.
+    unsafe fn current_is_stopped(&self) -> bool {
+        // SAFETY: caller's contract; the message keeps its source alive.
+        unsafe { self.current() }.is_some_and(|h| h.source.get().is_stopped())
+    }
+
+    /// The runner cancels its current message, whose source is stopping,
+    /// and goes on with its queue (the rest of its keys' messages) from
+    /// the back of its worker's queue.
+    fn cancel_stopped(this: Arc<Self>, cx: &WorkerCx<'_>) {
+        // SAFETY: we own the turn.
+        unsafe { this.cancel_current() };
+        Self::turn(this, cx, 0);
+    }
+
+    fn clear_stop_check(&self) {
+        self.state.fetch_and(!STOP_CHECK, AcqRel);
+    }
+
+    /// A source stop (the caller holds the port's gate; the mailbox is in
+    /// its map): claims a `SUSPENDED` mailbox (→ `RUNNING`, true: the
+    /// caller now owns its turn), or asks a `RUNNING` one to look before it
+    /// suspends (`STOP_CHECK`, false). Others need nothing: a `SCHEDULED`
+    /// mailbox's runner looks when it takes it.
+    pub(crate) fn claim_for_stop(&self) -> bool {
+        let mut cur = self.state.load(SeqCst);
+        loop {
+            let next = match cur & STATE_MASK {
+                SUSPENDED => RUNNING,
+                RUNNING => cur | STOP_CHECK,
+                _ => return false,
+            };
+            match self.state.compare_exchange(cur, next, SeqCst, SeqCst) {
+                Ok(_) => return cur & STATE_MASK == SUSPENDED,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// A stopper claimed the mailbox but its current message is of another
+    /// source: suspend it again, or, if woken meanwhile, queue it.
+    pub(crate) fn unclaim(this: &Arc<Self>) {
+        match this.transition_to_idle() {
+            AfterPending::Suspended => {}
+            AfterPending::Requeued => {
+                let shared = this.dispatcher.shared.clone();
+                shared.schedule(this.worker, Task::new(this.clone()));
+            }
+            AfterPending::Check => {
+                this.clear_stop_check();
+                Self::unclaim(this)
+            }
+        }
+    }
+
+    /// A stopper cancelled the claimed mailbox's message: its worker goes
+    /// on with the queue (or lets the mailbox go, if it is empty).
+    pub(crate) fn resume_after_stop(this: Arc<Self>) {
+        this.state.swap(SCHEDULED, AcqRel);
+        let shared = this.dispatcher.shared.clone();
+        shared.schedule(this.worker, Task::new(this));
+    }
+
     fn transition_to_idle(&self) -> AfterPending {
         let mut cur = self.state.load(Acquire);
         loop {
             debug_assert_eq!(cur & STATE_MASK, RUNNING);
+            if cur & STOP_CHECK != 0 {
+                return AfterPending::Check;
+            }
             let (next, res) = if cur & NOTIFIED != 0 {
                 (SCHEDULED, AfterPending::Requeued)
             } else {
@@ -757,7 +938,12 @@ where
             return;
         }
         let mut budget = this.dispatcher.shared.config.throughput;
-        if this.has_current() {
+        // SAFETY: we own the turn.
+        if this.has_current() && unsafe { this.current_is_stopped() } {
+            // Woken, but its source is stopping: cancel instead of polling.
+            // SAFETY: as above.
+            unsafe { this.cancel_current() };
+        } else if this.has_current() {
             // SAFETY: we own the turn and a future is stored.
             match unsafe { Self::poll_current(&this, cx) } {
                 Step::Pending => return Self::after_pending(this, cx),

@@ -1,19 +1,44 @@
 //! Receivers: the sources that feed a dispatcher, each with its own credit
-//! of `max_in_flight` unfinished messages.
+//! of `max_in_flight` unfinished messages, its positions and commit point,
+//! and its own stop.
 //!
-//! The credit itself (one atomic word per receiver) is in `credit.rs`.
+//! The shared state (credit word, positions, tags) is in `source.rs`.
+//!
+//! # Sending from a handler
+//!
+//! A handler that submits through a receiver of its own executor (a saga's
+//! next step, an event after a command) must never deadlock the pool by
+//! waiting for credit that only the pool can give back. So from inside a
+//! handler (its call, or any poll of its future, on a worker of the same
+//! executor) a submission never waits: it takes a unit of the receiver's
+//! credit if one is free; otherwise the running message *shares* its own
+//! unit with the follow-up, once per message (the unit comes back when the
+//! last of the two ends, and a follow-up may pass it on in turn);
+//! otherwise it is refused with `Full(msg)`. A chain of one follow-up per
+//! message thus needs no more credit than its first message held, a
+//! producer outside stays held back by the units the chain keeps out, and
+//! memory stays bounded by the credit (times the length of a chain whose
+//! messages all stay alive). Follow-ups are not held by the commit span
+//! either; their positions are tracked all the same.
+//!
+//! Why sharing rather than handing the unit over: a message that passed
+//! its unit on and then awaits something else would otherwise hold no
+//! unit, and a producer could start any number of such messages.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use crate::completion::{Completion, Slot};
-use crate::error::SubmitError;
+use crate::error::{ConfigError, SubmitError};
 use crate::pool::executor::Shared;
-use crate::pool::mailbox::Envelope;
+use crate::pool::mailbox::{Envelope, Held};
 use crate::pool::observe::Identity;
-use crate::pool::source::{Acquire, CreditHandle};
+use crate::pool::source::{
+    wait_all_drained, Acquire, Settings, SourceHandle, SourceRef, UnitRef, MAX_CREDIT, MAX_SPAN,
+};
 use crate::pool::worker;
 use crate::sync::{thread, Arc};
 use crate::waiter::Waiter;
@@ -22,14 +47,49 @@ use crate::waiter::Waiter;
 /// (Defined here, implemented by `dispatcher.rs`: the receiver states what
 /// it needs from a dispatcher.)
 pub(crate) trait Core<K, M, O>: Send + Sync {
-    fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<(), Envelope<M, O>>;
+    /// Accepts `env` (its unit of credit taken) and returns its position,
+    /// or hands it back if the executor, the dispatcher or the source is
+    /// closed.
+    fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<u64, Envelope<M, O>>;
+    /// The executor or the dispatcher refuses new messages.
     fn is_closed(&self) -> bool;
     fn live_mailboxes(&self) -> usize;
     fn shared(&self) -> &Arc<Shared>;
     /// The dispatcher's name and metrics handles.
     fn ident(&self) -> &Identity;
+    /// The dispatcher's id.
+    fn id(&self) -> u64;
+    /// The dispatcher refuses new messages from now on (its own stop).
+    fn close(&self);
+    /// Hands back (on this thread) every queued message whose source
+    /// `stopped` picks and cancels its suspended futures; returns how many.
+    fn stop_sources(&self, stopped: &dyn Fn(SourceRef) -> bool) -> usize;
     fn clone_box(&self) -> Box<dyn Core<K, M, O>>;
+    #[cfg(not(loom))]
+    fn downgrade(&self) -> Box<dyn WeakCore<K, M, O>>;
 }
+
+/// A dispatcher reference that keeps nothing alive (see [`WeakReceiver`]).
+#[cfg(not(loom))]
+pub(crate) trait WeakCore<K, M, O>: Send + Sync {
+    /// A strong handle, while any `Dispatcher` or `Receiver` handle lives.
+    fn upgrade(&self) -> Option<Box<dyn Core<K, M, O>>>;
+    fn clone_box(&self) -> Box<dyn WeakCore<K, M, O>>;
+}
+
+/// The default span of positions a receiver allows between its commit
+/// point and its newest message, as a multiple of its `max_in_flight`
+/// (see [`ReceiverBuilder::commit_span`]); never less than
+/// [`MIN_DEFAULT_COMMIT_SPAN`].
+pub const DEFAULT_COMMIT_SPAN_FACTOR: usize = 4;
+
+/// The least default commit span (see [`DEFAULT_COMMIT_SPAN_FACTOR`]).
+#[cfg(not(loom))]
+pub const MIN_DEFAULT_COMMIT_SPAN: usize = 4096;
+/// The least default commit span (small under loom, where each slot of the
+/// window is a modelled atomic).
+#[cfg(loom)]
+pub const MIN_DEFAULT_COMMIT_SPAN: usize = 4;
 
 fn task_waiter(waker: &Waker) -> impl Fn(&mut Option<Waiter>) + '_ {
     move |slot| Waiter::register_task(slot, waker)
@@ -41,27 +101,71 @@ fn thread_waiter(slot: &mut Option<Waiter>) {
     }
 }
 
+/// How often a thread waiting for a source to drain looks again on its own
+/// (it is also woken whenever a unit of the source comes back).
+const DRAIN_RECHECK: Duration = Duration::from_millis(1);
+
+/// The unit of credit a message about to be accepted holds.
+#[derive(Clone, Copy)]
+enum Unit {
+    /// One of its own receiver's.
+    Own,
+    /// A share of the running message's, passed on to its follow-up.
+    Inherited(UnitRef),
+}
+
 /// A source of messages for one dispatcher, holding at most `max_in_flight`
 /// of them unfinished (queued in a mailbox or running).
 ///
 /// Make one per source (a partition, a bounded context, a connection) with
-/// [`Dispatcher::receiver`](crate::Dispatcher::receiver). Clones share the
-/// same credit; a new receiver from the dispatcher has its own.
+/// [`Dispatcher::receiver`](crate::Dispatcher::receiver) or
+/// [`Dispatcher::receiver_builder`](crate::Dispatcher::receiver_builder).
+/// Clones share the same credit, positions and stop; a new receiver from the
+/// dispatcher has its own.
 ///
-/// | method | waits for credit | returns a handle | when full |
+/// | method | waits for credit | returns | when full |
 /// |---|---|---|---|
-/// | [`submit`](Self::submit) | async | yes | waits |
-/// | [`submit_blocking`](Self::submit_blocking) | blocks the thread | yes | waits |
-/// | [`try_submit`](Self::try_submit) | no | yes | `Full(msg)` |
-/// | [`send_async`](Self::send_async) | async | no | waits |
-/// | [`send`](Self::send) | blocks the thread | no | waits |
-/// | [`try_send`](Self::try_send) | no | no | `Full(msg)` |
+/// | [`submit`](Self::submit) | async | a [`Completion`] | waits |
+/// | [`submit_blocking`](Self::submit_blocking) | blocks the thread | a [`Completion`] | waits |
+/// | [`try_submit`](Self::try_submit) | no | a [`Completion`] | `Full(msg)` |
+/// | [`send_async`](Self::send_async) | async | the position | waits |
+/// | [`send`](Self::send) | blocks the thread | the position | waits |
+/// | [`try_send`](Self::try_send) | no | the position | `Full(msg)` |
 ///
-/// All of them refuse with `Closed(msg)` once the executor is shutting down,
-/// handing the message back. Messages given to the `send` family have no
-/// completion handle: their output is dropped, a panic goes to the
-/// dispatcher's [`on_panic`](crate::DispatcherBuilder::on_panic) hook and a
-/// force-stop rejection to its [`on_reject`](crate::DispatcherBuilder::on_reject) hook.
+/// All of them refuse with `Closed(msg)` once the receiver, its dispatcher or
+/// the executor is shutting down, handing the message back. Messages given to
+/// the `send` family have no completion handle: their output is dropped, a
+/// panic goes to the dispatcher's [`on_panic`](crate::DispatcherBuilder::on_panic)
+/// hook and a stop's rejection to its [`on_reject`](crate::DispatcherBuilder::on_reject) hook.
+///
+/// **Positions.** Every message the receiver accepts gets the next
+/// *position* (0, 1, 2, … in acceptance order), returned by the `send`
+/// family and by [`Completion::position`]. [`committable`](Self::committable)
+/// says how many leading positions have all finished: what a consumer
+/// commits (a Kafka offset, a stream ID) when keys finish out of order. See
+/// [`ReceiverBuilder::commit_span`] for the bound on unfinished positions.
+///
+/// **Stops.** A receiver stops on its own, the others going on:
+/// [`close`](Self::close), [`shutdown`](Self::shutdown) (drain),
+/// [`shutdown_now`](Self::shutdown_now) (hand back what waits).
+///
+/// **From a handler** (its call or any poll of its future), a submission
+/// never waits for credit: it takes a free unit, or shares the running
+/// message's own unit (once per message: the unit comes back when both
+/// have ended), or is refused with `Full(msg)`. A chain of one follow-up
+/// per message therefore never deadlocks the pool, whatever the credit;
+/// fan-out beyond the credit is refused, never left hanging. Hold a
+/// [`WeakReceiver`] in a handler to reach its own dispatcher without a
+/// reference cycle.
+///
+/// What a handler may call: any submit or send (they never block it), and
+/// `.await` on the [`Completion`] of another key's message (the handler's
+/// future suspends; its worker runs other keys meanwhile). What deadlocks:
+/// waiting for a message of the handler's *own* key, which queues behind
+/// it and cannot start until it returns; and a *blocking*
+/// [`Completion::wait`] in a sync handler, which holds its worker — if the
+/// awaited key lives on that worker (or every worker blocks so), it never
+/// runs. Block only on work of another executor.
 ///
 /// ```
 /// use keyed_executor::{handler, KeyedExecutor, SubmitError};
@@ -70,6 +174,7 @@ fn thread_waiter(slot: &mut Option<Waiter>) {
 /// let dispatcher = executor.dispatcher(handler::from_fn(|_: &u8, n: u32| n * 2));
 /// let receiver = dispatcher.receiver(1)?;
 /// let first = receiver.try_submit(1, 10)?;
+/// assert_eq!(first.position(), 0);
 /// // Until the first message finishes, the receiver is full...
 /// match receiver.try_submit(1, 11) {
 ///     Err(SubmitError::Full(msg)) => assert_eq!(msg, 11),
@@ -81,9 +186,121 @@ fn thread_waiter(slot: &mut Option<Waiter>) {
 /// ```
 pub struct Receiver<K, M, O> {
     core: Box<dyn Core<K, M, O>>,
-    credit: CreditHandle,
+    source: SourceHandle,
     /// Counts refusals (zero-sized without the `metrics` feature).
     metrics: crate::metrics::ReceiverMetrics,
+}
+
+/// Builds a [`Receiver`]: its credit and its commit span. Made by
+/// [`Dispatcher::receiver_builder`](crate::Dispatcher::receiver_builder).
+///
+/// ```
+/// use keyed_executor::{handler, KeyedExecutor};
+///
+/// let executor = KeyedExecutor::builder().workers(1).build()?;
+/// let dispatcher = executor.dispatcher(handler::from_fn(|_: &u8, n: u32| n));
+/// let partition = dispatcher
+///     .receiver_builder()
+///     .max_in_flight(64)
+///     .commit_span(1024)
+///     .build()?;
+/// assert_eq!(partition.commit_span(), 1024);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "a builder does nothing until `build()` is called"]
+pub struct ReceiverBuilder<K, M, O> {
+    core: Box<dyn Core<K, M, O>>,
+    max_in_flight: usize,
+    commit_span: Option<usize>,
+    name: Option<String>,
+}
+
+impl<K, M, O> ReceiverBuilder<K, M, O> {
+    pub(crate) fn new(core: Box<dyn Core<K, M, O>>) -> Self {
+        ReceiverBuilder {
+            core,
+            max_in_flight: crate::DEFAULT_MAX_IN_FLIGHT,
+            commit_span: None,
+            name: None,
+        }
+    }
+
+    /// The most unfinished messages (queued or running) the receiver
+    /// holds. Default [`DEFAULT_MAX_IN_FLIGHT`](crate::DEFAULT_MAX_IN_FLIGHT).
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// The most positions between the commit point and the newest one
+    /// accepted: when a slow message holds the commit point, the receiver
+    /// accepts this many messages past it, then submitters wait (as they
+    /// wait for credit) until it finishes — a consumer's uncommitted tail,
+    /// and what it redelivers after a crash, stays this short. Default
+    /// [`DEFAULT_COMMIT_SPAN_FACTOR`] × `max_in_flight`, at least
+    /// [`MIN_DEFAULT_COMMIT_SPAN`]; it must be at least `max_in_flight`.
+    /// Memory: about one byte per position (span + `max_in_flight`, to the
+    /// next power of two) per worker, plus one.
+    ///
+    /// Messages a handler forwards by inheriting its own message's unit
+    /// are not held by the cap (a handler never waits).
+    pub fn commit_span(mut self, n: usize) -> Self {
+        self.commit_span = Some(n);
+        self
+    }
+
+    /// Its `receiver` label in the `keyed_executor_in_flight` series (with
+    /// the `metrics` feature) instead of its number in its dispatcher
+    /// (`"0"`, `"1"`, …). Name the receivers of sources that come and go
+    /// (a partition revoked and assigned again): the series is then reused
+    /// rather than a new one made each time. Without the feature the name
+    /// is not kept.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The receiver.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroMaxInFlight`], [`ConfigError::MaxInFlightTooLarge`],
+    /// [`ConfigError::InvalidCommitSpan`].
+    pub fn build(self) -> Result<Receiver<K, M, O>, ConfigError> {
+        let max = self.max_in_flight;
+        if max == 0 {
+            return Err(ConfigError::ZeroMaxInFlight);
+        }
+        if max > MAX_CREDIT {
+            return Err(ConfigError::MaxInFlightTooLarge {
+                got: max,
+                max: MAX_CREDIT,
+            });
+        }
+        let span = match self.commit_span {
+            Some(n) if n < max || n > MAX_SPAN => {
+                return Err(ConfigError::InvalidCommitSpan {
+                    got: n,
+                    min: max,
+                    max: MAX_SPAN,
+                })
+            }
+            Some(n) => n,
+            None => max
+                .saturating_mul(DEFAULT_COMMIT_SPAN_FACTOR)
+                .clamp(MIN_DEFAULT_COMMIT_SPAN, MAX_SPAN),
+        };
+        Ok(Receiver::new(self.core, max, span, self.name))
+    }
+}
+
+impl<K, M, O> fmt::Debug for ReceiverBuilder<K, M, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReceiverBuilder")
+            .field("max_in_flight", &self.max_in_flight)
+            .field("commit_span", &self.commit_span)
+            .field("name", &self.name)
+            .finish()
+    }
 }
 
 impl<K, M, O> Receiver<K, M, O> {
@@ -91,16 +308,23 @@ impl<K, M, O> Receiver<K, M, O> {
     pub(crate) fn new(
         core: Box<dyn Core<K, M, O>>,
         max_in_flight: usize,
+        span: usize,
         label: Option<String>,
     ) -> Self {
-        let credit = CreditHandle::new(max_in_flight, Some(core.shared().clone()));
+        let settings = Settings {
+            max_in_flight,
+            span: span.max(max_in_flight),
+            rows: core.shared().workers.len() + 1,
+            dispatcher: core.id(),
+        };
+        let source = SourceHandle::new(settings, Some(core.shared().clone()));
         let metrics = crate::metrics::ReceiverMetrics::new(&core.ident().metrics);
         core.shared()
             .metrics
-            .source_created(credit.as_ref(), &core.ident().metrics, label);
+            .source_created(source.as_ref(), &core.ident().metrics, label);
         Receiver {
             core,
-            credit,
+            source,
             metrics,
         }
     }
@@ -114,17 +338,118 @@ impl<K, M, O> Receiver<K, M, O> {
 
     /// The most unfinished messages this receiver holds.
     pub fn max_in_flight(&self) -> usize {
-        self.credit.credit().max()
+        self.source.source().max()
     }
 
     /// Messages accepted by this receiver (and its clones) and not finished.
+    /// (A follow-up a handler sent through another receiver, holding one of
+    /// this receiver's units, counts here until it finishes.)
     pub fn in_flight(&self) -> usize {
-        self.credit.credit().in_flight()
+        self.source.source().in_flight()
     }
 
-    /// Whether the executor refuses new messages (it is shutting down).
+    /// The cap on positions between the commit point and the newest one
+    /// (see [`ReceiverBuilder::commit_span`]).
+    pub fn commit_span(&self) -> u64 {
+        self.source.source().span()
+    }
+
+    /// Messages this receiver (and its clones) accepted so far: the next
+    /// position.
+    pub fn accepted(&self) -> u64 {
+        self.source.source().positions()
+    }
+
+    /// How many leading positions have all finished — done, or failed with
+    /// a panic: what a consumer can commit. A message handed back by a stop
+    /// or cancelled is never passed: it and what follows are delivered
+    /// again. Looks at the recorded outcomes on each call (cheap enough to
+    /// call after each batch of completions).
+    pub fn committable(&self) -> u64 {
+        self.source.source().committable()
+    }
+
+    /// Whether this receiver refuses new messages: it was closed, or its
+    /// dispatcher or the executor is shutting down.
     pub fn is_closed(&self) -> bool {
-        self.core.is_closed()
+        self.source.source().is_closed() || self.core.is_closed()
+    }
+
+    /// Refuses new messages from this source from now on (`Closed(msg)`),
+    /// for every clone; what it accepted goes on. Idempotent. Other
+    /// receivers, even of the same keys, are untouched.
+    pub fn close(&self) {
+        self.source.source().close();
+    }
+
+    /// Closes this source and waits until every message it accepted has
+    /// ended (finished, or handed back by another stop). `true` if that
+    /// happened within `timeout` (zero: look now), `false` if not; the
+    /// messages go on either way, and a later call can wait again.
+    ///
+    /// Called from a handler (on a worker) it cannot wait for work that may
+    /// need that worker: it closes and says whether the source has drained.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
+        self.close();
+        let source = self.source.source();
+        if worker::on_worker_of(self.core.shared().id()) {
+            return source.is_drained();
+        }
+        // An overflowing deadline is no deadline.
+        wait_all_drained(&[source], Instant::now().checked_add(timeout), false)
+    }
+
+    /// The async form of [`shutdown`](Self::shutdown): resolves to `true`
+    /// once every message of this source has ended, `false` once `timeout`
+    /// passed first. Needs no runtime: the timeout is kept by a small
+    /// thread started on the first `Pending` and stopped when the future
+    /// resolves or is dropped.
+    pub fn shutdown_async(&self, timeout: Duration) -> ShutdownFuture<'_, K, M, O> {
+        self.close();
+        ShutdownFuture {
+            receiver: self,
+            deadline: Instant::now().checked_add(timeout),
+            timer: None,
+        }
+    }
+
+    /// Stops this source now, on the calling thread, as the executor's force
+    /// stop does for all: closes it, hands back every message of it still
+    /// queued (through its [`Completion`] as `Rejected(msg)`, or the
+    /// dispatcher's `on_reject` hook for the `send` family) and cancels its
+    /// suspended futures (`Cancelled`); a step already running finishes, and
+    /// this call waits for it. After it returns no message of this source
+    /// starts or runs: a revoked partition's keys can be taken over
+    /// elsewhere. Other sources, even on the same keys and workers, go on
+    /// untouched. Idempotent.
+    ///
+    /// Called from a handler (on a worker) it hands back and cancels what it
+    /// can reach and returns without waiting for running steps.
+    pub fn shutdown_now(&self) {
+        let source = self.source.source();
+        let me = self.source.as_ref();
+        source.stopper_enter();
+        source.stop();
+        self.core.stop_sources(&|s| s == me);
+        if !worker::on_worker_of(self.core.shared().id()) {
+            wait_all_drained(&[source], None, true);
+        }
+        source.stopper_leave();
+        // As after the executor's force stop: the in-flight gauges show
+        // what the stop handed back.
+        self.core.shared().metrics.refresh_gauges();
+    }
+
+    /// A handle to this receiver that keeps nothing alive: neither its
+    /// dispatcher nor the handler's state. Give it to a handler that sends
+    /// to its own dispatcher, so that the dispatcher and the handler can be
+    /// freed once the last strong handle is gone.
+    #[cfg(not(loom))]
+    pub fn downgrade(&self) -> WeakReceiver<K, M, O> {
+        WeakReceiver {
+            core: self.core.downgrade(),
+            source: self.source.clone(),
+        }
     }
 
     /// Submits `message` for `key`, waiting (asynchronously) for credit.
@@ -132,156 +457,227 @@ impl<K, M, O> Receiver<K, M, O> {
     /// Resolves to the message's [`Completion`] once it is accepted; the
     /// completion resolves when it finished. Dropping the returned future
     /// before it resolves gives up the submission (the message is dropped
-    /// with it, never half-submitted).
+    /// with it, never half-submitted). From a handler it never waits (see
+    /// the type's docs).
     ///
     /// # Errors
-    /// `Closed(message)` if the executor is shutting down.
+    /// `Closed(message)` if the receiver, its dispatcher or the executor is
+    /// shutting down; from a handler, `Full(message)` when neither a unit
+    /// of credit nor the running message's own is available.
     pub fn submit(&self, key: K, message: M) -> SubmitFuture<'_, K, M, O> {
         SubmitFuture {
             receiver: self,
             item: Some((key, message)),
-            acquire: Acquire::new(self.credit.credit(), worker::flush_held_credit),
+            acquire: Acquire::new(self.source.source(), worker::flush_held_credit),
         }
     }
 
     /// Submits `message` for `key`, blocking the current thread while the
-    /// receiver is full.
+    /// receiver is full (from a handler it never blocks: see the type's
+    /// docs).
     ///
     /// # Errors
-    /// `Closed(message)` if the executor is shutting down.
+    /// As for [`submit`](Self::submit).
     pub fn submit_blocking(&self, key: K, message: M) -> Result<Completion<O, M>, SubmitError<M>> {
-        if self.core.is_closed() {
-            return Err(self.refused(SubmitError::Closed(message)));
-        }
-        self.acquire_blocking();
-        self.enqueue(key, message, true)
-            .map(|c| c.expect("reply requested"))
+        let unit = match self.unit_blocking() {
+            Ok(unit) => unit,
+            Err(refused) => return Err(self.refused(refused.with(message))),
+        };
+        self.enqueue(key, message, true, unit)
+            .map(|(p, c)| Completion::new(c.expect("reply requested"), p))
     }
 
     /// Submits `message` for `key` if the receiver has credit, without
     /// waiting.
     ///
     /// # Errors
-    /// `Full(message)` if `max_in_flight` messages are unfinished,
-    /// `Closed(message)` if the executor is shutting down.
+    /// `Full(message)` if `max_in_flight` messages are unfinished (or the
+    /// commit span is full), `Closed(message)` if the receiver is closed.
     pub fn try_submit(&self, key: K, message: M) -> Result<Completion<O, M>, SubmitError<M>> {
-        if self.core.is_closed() {
-            return Err(self.refused(SubmitError::Closed(message)));
-        }
-        if !self.credit.credit().try_acquire() {
-            return Err(self.refused(SubmitError::Full(message)));
-        }
-        self.enqueue(key, message, true)
-            .map(|c| c.expect("reply requested"))
+        let unit = match self.unit_now() {
+            Ok(unit) => unit,
+            Err(refused) => return Err(self.refused(refused.with(message))),
+        };
+        self.enqueue(key, message, true, unit)
+            .map(|(p, c)| Completion::new(c.expect("reply requested"), p))
     }
 
     /// Fire-and-forget: enqueues `message` for `key` without a completion
     /// handle, blocking the current thread while the receiver is full
     /// (use [`send_async`](Self::send_async) in async code, or
-    /// [`try_send`](Self::try_send) to never block).
+    /// [`try_send`](Self::try_send) to never block). Returns its position.
     ///
     /// # Errors
-    /// `Closed(message)` if the executor is shutting down.
-    pub fn send(&self, key: K, message: M) -> Result<(), SubmitError<M>> {
-        // With credit at hand the dispatcher's own check refuses a closed
-        // executor; without, look before waiting for a unit.
-        if !self.credit.credit().try_acquire() {
-            if self.core.is_closed() {
-                return Err(self.refused(SubmitError::Closed(message)));
-            }
-            self.acquire_blocking();
-        }
-        self.enqueue(key, message, false).map(drop)
+    /// As for [`submit`](Self::submit).
+    pub fn send(&self, key: K, message: M) -> Result<u64, SubmitError<M>> {
+        let unit = match self.unit_blocking() {
+            Ok(unit) => unit,
+            Err(refused) => return Err(self.refused(refused.with(message))),
+        };
+        self.enqueue(key, message, false, unit).map(|(p, _)| p)
     }
 
     /// Fire-and-forget without waiting: enqueues `message` if the receiver
-    /// has credit.
+    /// has credit. Returns its position.
     ///
     /// # Errors
     /// `Full(message)` or `Closed(message)`.
-    pub fn try_send(&self, key: K, message: M) -> Result<(), SubmitError<M>> {
-        if self.core.is_closed() {
-            return Err(self.refused(SubmitError::Closed(message)));
-        }
-        if !self.credit.credit().try_acquire() {
-            return Err(self.refused(SubmitError::Full(message)));
-        }
-        self.enqueue(key, message, false).map(drop)
+    pub fn try_send(&self, key: K, message: M) -> Result<u64, SubmitError<M>> {
+        let unit = match self.unit_now() {
+            Ok(unit) => unit,
+            Err(refused) => return Err(self.refused(refused.with(message))),
+        };
+        self.enqueue(key, message, false, unit).map(|(p, _)| p)
     }
 
-    /// Fire-and-forget, waiting asynchronously for credit.
+    /// Fire-and-forget, waiting asynchronously for credit; resolves to the
+    /// message's position.
     ///
     /// # Errors
-    /// `Closed(message)` if the executor is shutting down.
+    /// As for [`submit`](Self::submit).
     pub fn send_async(&self, key: K, message: M) -> SendFuture<'_, K, M, O> {
         SendFuture {
-            inner: SubmitFuture {
-                receiver: self,
-                item: Some((key, message)),
-                acquire: Acquire::new(self.credit.credit(), worker::flush_held_credit),
-            },
+            inner: self.submit(key, message),
         }
     }
 
-    fn acquire_blocking(&self) {
-        let credit = self.credit.credit();
-        if credit.try_acquire() {
-            return;
+    /// A unit without waiting: one of ours, else (from a handler) the
+    /// running message's.
+    #[inline]
+    fn unit_now(&self) -> Result<Unit, Refused> {
+        let source = self.source.source();
+        if source.is_closed() || self.core.is_closed() {
+            return Err(Refused::Closed);
+        }
+        if source.try_acquire() {
+            return Ok(Unit::Own);
+        }
+        match worker::take_running_unit(self.core.shared().id()) {
+            Some(Some(unit)) => Ok(Unit::Inherited(unit)),
+            _ => Err(Refused::Full),
+        }
+    }
+
+    /// A unit, waiting for one outside a handler.
+    #[inline]
+    fn unit_blocking(&self) -> Result<Unit, Refused> {
+        let source = self.source.source();
+        // With credit at hand the dispatcher's own check refuses a closed
+        // executor; without, look before anything else.
+        if source.try_acquire() {
+            return Ok(Unit::Own);
+        }
+        if source.is_closed() || self.core.is_closed() {
+            return Err(Refused::Closed);
+        }
+        match worker::take_running_unit(self.core.shared().id()) {
+            // In a handler: never wait (see the module docs).
+            Some(Some(unit)) => return Ok(Unit::Inherited(unit)),
+            Some(None) => return Err(Refused::Full),
+            None => {}
         }
         // Out of credit: a worker gives units back every few messages, so
         // spin briefly before registering as a waiter; parking here makes
         // every release of the next batch a futex wake (see BENCHMARKS.md,
         // W1). Not under loom: the wait below is the protocol it checks.
         #[cfg(not(loom))]
-        if credit.spin_acquire(worker::flush_held_credit) {
-            return;
+        if source.spin_acquire(worker::flush_held_credit) {
+            return Ok(Unit::Own);
         }
-        let mut acquire = Acquire::new(credit, worker::flush_held_credit);
+        let mut acquire = Acquire::new(source, worker::flush_held_credit);
         while !acquire.poll(&thread_waiter) {
             thread::park();
         }
+        Ok(Unit::Own)
     }
 
-    /// Enqueues a message whose credit unit is already taken.
-    fn enqueue(&self, key: K, message: M, reply: bool) -> MaybeCompletion<O, M> {
-        /// Gives the unit back if the key's `Hash`/`Eq` panics in `enqueue`.
-        struct Unwind<'a>(&'a CreditHandle);
+    /// Enqueues a message holding `unit`. Returns its position and, if
+    /// `reply`, its completion slot.
+    fn enqueue(&self, key: K, message: M, reply: bool, unit: Unit) -> Accepted<O, M> {
+        /// Gives the unit back if the key's `Hash` panics in `enqueue`.
+        struct Unwind<'a> {
+            source: &'a SourceHandle,
+            unit: Unit,
+        }
         impl Drop for Unwind<'_> {
             fn drop(&mut self) {
-                // SAFETY: armed only while the unit taken by our caller has
-                // not been handed to a message.
-                unsafe { self.0.as_ref().release(1) };
+                give_back(self.source.as_ref(), self.unit);
             }
         }
         let slot = reply.then(|| Arc::new(Slot::new()));
+        let me = self.source.as_ref();
+        let held = match unit {
+            Unit::Own => UnitRef::Plain(me),
+            Unit::Inherited(share) => {
+                // The message holds a share of another message's unit: it
+                // keeps this source alive with a handle count until it ends.
+                me.pin();
+                share
+            }
+        };
         let env = Envelope {
             msg: message,
             reply: slot.clone(),
-            credit: self.credit.as_ref(),
+            held: Held {
+                source: me,
+                position: 0,
+                unit: held,
+                passed: false,
+            },
         };
-        // The key's `Hash` and `Eq` run inside: if they panic, the panic
-        // goes to the caller with the message, and the unit comes back.
-        let unwind = Unwind(&self.credit);
+        // The key's `Hash` runs inside: if it panics, the panic goes to the
+        // caller with the message, and the unit comes back.
+        let unwind = Unwind {
+            source: &self.source,
+            unit,
+        };
         let res = self.core.enqueue(key, env);
         std::mem::forget(unwind);
         match res {
-            Ok(()) => Ok(slot.map(Completion::new)),
+            Ok(position) => Ok((position, slot)),
             Err(env) => {
-                let Envelope { msg, credit, .. } = env;
-                // SAFETY: the refused message still holds its unit.
-                unsafe { credit.release(1) };
-                Err(self.refused(SubmitError::Closed(msg)))
+                give_back(me, unit);
+                Err(self.refused(SubmitError::Closed(env.msg)))
             }
         }
     }
 }
 
+/// Undoes a unit taken for a message that was not accepted.
+fn give_back(me: SourceRef, unit: Unit) {
+    match unit {
+        // SAFETY: the refused message held this unit.
+        Unit::Own => unsafe { me.release(1) },
+        Unit::Inherited(share) => {
+            // SAFETY: `enqueue` pinned us for the message.
+            unsafe { me.unpin() };
+            worker::give_back_running_unit(share);
+        }
+    }
+}
+
+/// Why a submission was refused before it got a unit.
+#[derive(Clone, Copy)]
+enum Refused {
+    Full,
+    Closed,
+}
+
+impl Refused {
+    fn with<M>(self, message: M) -> SubmitError<M> {
+        match self {
+            Refused::Full => SubmitError::Full(message),
+            Refused::Closed => SubmitError::Closed(message),
+        }
+    }
+}
+
 impl<K, M, O> Clone for Receiver<K, M, O> {
-    /// A clone shares this receiver's credit.
+    /// A clone shares this receiver's credit, positions and stop.
     fn clone(&self) -> Self {
         Receiver {
             core: self.core.clone_box(),
-            credit: self.credit.clone(),
+            source: self.source.clone(),
             metrics: crate::metrics::ReceiverMetrics::new(&self.core.ident().metrics),
         }
     }
@@ -292,11 +688,78 @@ impl<K, M, O> fmt::Debug for Receiver<K, M, O> {
         f.debug_struct("Receiver")
             .field("in_flight", &self.in_flight())
             .field("max_in_flight", &self.max_in_flight())
+            .field("accepted", &self.accepted())
+            .field("closed", &self.is_closed())
             .finish()
     }
 }
 
-type MaybeCompletion<O, M> = Result<Option<Completion<O, M>>, SubmitError<M>>;
+type Accepted<O, M> = Result<(u64, Option<Arc<Slot<O, M>>>), SubmitError<M>>;
+
+/// A [`Receiver`] that keeps nothing alive: made by
+/// [`Receiver::downgrade`]. [`upgrade`](Self::upgrade) gives the receiver
+/// back while its dispatcher still has a strong handle (a `Dispatcher` or
+/// a `Receiver`), like tokio's `WeakSender`.
+///
+/// ```
+/// use std::sync::{Arc, OnceLock};
+/// use keyed_executor::{handler, KeyedExecutor, WeakReceiver};
+///
+/// let executor = KeyedExecutor::builder().workers(1).build()?;
+/// // A saga: each step forwards the next one to the next key, through a
+/// // weak handle to its own dispatcher (no reference cycle).
+/// let next: Arc<OnceLock<WeakReceiver<u32, u32, ()>>> = Arc::new(OnceLock::new());
+/// let n = next.clone();
+/// let dispatcher = executor.dispatcher(handler::from_fn(move |key: &u32, hops: u32| {
+///     if hops > 0 {
+///         if let Some(r) = n.get().and_then(|w| w.upgrade()) {
+///             // From a handler this never waits for credit.
+///             r.send(key + 1, hops - 1).expect("forwarded");
+///         }
+///     }
+/// }));
+/// let receiver = dispatcher.receiver(2)?;
+/// next.set(receiver.downgrade()).ok();
+/// receiver.send(0, 5)?;
+/// assert!(executor.shutdown(std::time::Duration::from_secs(5)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(not(loom))]
+pub struct WeakReceiver<K, M, O> {
+    core: Box<dyn WeakCore<K, M, O>>,
+    source: SourceHandle,
+}
+
+#[cfg(not(loom))]
+impl<K, M, O> WeakReceiver<K, M, O> {
+    /// The receiver, while its dispatcher has a strong handle.
+    pub fn upgrade(&self) -> Option<Receiver<K, M, O>> {
+        let core = self.core.upgrade()?;
+        let metrics = crate::metrics::ReceiverMetrics::new(&core.ident().metrics);
+        Some(Receiver {
+            core,
+            source: self.source.clone(),
+            metrics,
+        })
+    }
+}
+
+#[cfg(not(loom))]
+impl<K, M, O> Clone for WeakReceiver<K, M, O> {
+    fn clone(&self) -> Self {
+        WeakReceiver {
+            core: self.core.clone_box(),
+            source: self.source.clone(),
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl<K, M, O> fmt::Debug for WeakReceiver<K, M, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakReceiver").finish_non_exhaustive()
+    }
+}
 
 /// Future of [`Receiver::submit`]: resolves to the message's [`Completion`]
 /// once credit was available and the message was accepted.
@@ -311,19 +774,27 @@ pub struct SubmitFuture<'a, K, M, O> {
 impl<K, M, O> Unpin for SubmitFuture<'_, K, M, O> {}
 
 impl<K, M, O> SubmitFuture<'_, K, M, O> {
-    fn poll_submit(&mut self, cx: &mut Context<'_>, reply: bool) -> Poll<MaybeCompletion<O, M>> {
+    fn poll_submit(&mut self, cx: &mut Context<'_>, reply: bool) -> Poll<Accepted<O, M>> {
         let Some((_, _)) = self.item.as_ref() else {
             panic!("submit future polled after completion");
         };
-        if self.receiver.core.is_closed() {
-            let (_, msg) = self.item.take().expect("checked");
-            return Poll::Ready(Err(self.receiver.refused(SubmitError::Closed(msg))));
-        }
-        if !self.acquire.poll(&task_waiter(cx.waker())) {
+        let r = self.receiver;
+        let source = r.source.source();
+        let unit = if source.is_closed() || r.core.is_closed() {
+            Err(Refused::Closed)
+        } else if worker::in_handler(r.core.shared().id()) {
+            // From a handler: never wait.
+            r.unit_now()
+        } else if self.acquire.poll(&task_waiter(cx.waker())) {
+            Ok(Unit::Own)
+        } else {
             return Poll::Pending;
-        }
+        };
         let (key, msg) = self.item.take().expect("checked");
-        Poll::Ready(self.receiver.enqueue(key, msg, reply))
+        Poll::Ready(match unit {
+            Ok(unit) => r.enqueue(key, msg, reply, unit),
+            Err(refused) => Err(r.refused(refused.with(msg))),
+        })
     }
 }
 
@@ -333,7 +804,7 @@ impl<K, M, O> Future for SubmitFuture<'_, K, M, O> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.get_mut()
             .poll_submit(cx, true)
-            .map(|r| r.map(|c| c.expect("reply requested")))
+            .map(|r| r.map(|(p, c)| Completion::new(c.expect("reply requested"), p)))
     }
 }
 
@@ -345,20 +816,20 @@ impl<K, M, O> fmt::Debug for SubmitFuture<'_, K, M, O> {
     }
 }
 
-/// Future of [`Receiver::send_async`].
+/// Future of [`Receiver::send_async`]: resolves to the message's position.
 #[must_use = "futures do nothing unless polled"]
 pub struct SendFuture<'a, K, M, O> {
     inner: SubmitFuture<'a, K, M, O>,
 }
 
 impl<K, M, O> Future for SendFuture<'_, K, M, O> {
-    type Output = Result<(), SubmitError<M>>;
+    type Output = Result<u64, SubmitError<M>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.get_mut()
             .inner
             .poll_submit(cx, false)
-            .map(|r| r.map(drop))
+            .map(|r| r.map(|(p, _)| p))
     }
 }
 
@@ -367,5 +838,55 @@ impl<K, M, O> fmt::Debug for SendFuture<'_, K, M, O> {
         f.debug_struct("SendFuture")
             .field("pending", &self.inner.item.is_some())
             .finish()
+    }
+}
+
+/// Future of [`Receiver::shutdown_async`]: `true` once every message of the
+/// source has ended, `false` once the timeout passed first.
+#[must_use = "futures do nothing unless polled; the receiver is closed already"]
+pub struct ShutdownFuture<'a, K, M, O> {
+    receiver: &'a Receiver<K, M, O>,
+    deadline: Option<Instant>,
+    timer: Option<crate::timer::Timer>,
+}
+
+impl<K, M, O> Future for ShutdownFuture<'_, K, M, O> {
+    type Output = bool;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let this = self.get_mut();
+        let source = this.receiver.source.source();
+        if source.is_drained() {
+            this.timer.take();
+            return Poll::Ready(true);
+        }
+        if let Some(d) = this.deadline {
+            if Instant::now() >= d {
+                this.timer.take();
+                return Poll::Ready(false);
+            }
+        }
+        if source.wait_drained(&task_waiter(cx.waker())) {
+            this.timer.take();
+            return Poll::Ready(true);
+        }
+        // A wake-up no later than the deadline, and now and then meanwhile
+        // (a release wakes us too, but a follow-up holding another source's
+        // unit ends without one).
+        let due = Instant::now() + DRAIN_RECHECK;
+        let at = this.deadline.map_or(due, |d| d.min(due));
+        match &mut this.timer {
+            Some(t) => t.rearm(at, cx.waker()),
+            None => this.timer = crate::timer::Timer::start(at, cx.waker().clone()).ok(),
+        }
+        Poll::Pending
+    }
+}
+
+impl<K, M, O> fmt::Debug for ShutdownFuture<'_, K, M, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShutdownFuture")
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
     }
 }

@@ -1,79 +1,183 @@
-//! Credit: how many messages one receiver holds unfinished, and who waits for
-//! a unit to come back.
+//! Sources: what one receiver and its clones share — the credit of
+//! `max_in_flight` units, the positions of the messages it accepted and
+//! what has become of each (the commit point), and whether it still takes
+//! messages.
 //!
-//! # The word
+//! # The credit word
 //!
-//! All of a credit's shared state lives in one atomic word, so that a message
+//! The credit's shared state lives in one atomic word, so that a message
 //! costs one read-modify-write when it is accepted and (amortised) less than
 //! one when it finishes:
 //!
 //! | bits  | meaning |
 //! |-------|---------|
 //! | 0–39  | `in_flight`: units held by accepted, unfinished messages |
-//! | 40–62 | `handles`: live [`CreditHandle`]s (receivers and their clones, plus temporary pins) |
-//! | 63    | `WAITERS`: the waiter list is not empty |
+//! | 40–61 | `handles`: live [`SourceHandle`]s (receivers and their clones, forwarded messages that hold another source's unit, temporary pins) |
+//! | 62    | `DRAINERS`: someone waits for the source to drain |
+//! | 63    | `WAITERS`: the list of submitters waiting for a unit is not empty |
 //!
-//! The credit is heap-allocated once and freed by whoever makes the word
+//! The source is heap-allocated once and freed by whoever makes the word
 //! reach zero: no handle, no unit, no waiter. An accepted message therefore
-//! needs no reference count of its own: it carries a plain [`CreditRef`],
-//! kept valid by the unit it holds.
+//! needs no reference count of its own: it carries a plain [`SourceRef`],
+//! kept valid by the unit it holds (or, for a forwarded message holding
+//! another source's unit, by a handle it pins).
 //!
-//! # Transitions and who makes them
-//!
+//! Transitions, and who makes them:
 //! - acquire (a submitter, holding a handle): CAS `in_flight + 1` while it
-//!   is below `max`.
+//!   is below `max` and the span of unfinished positions is below the cap.
 //! - release `n` (whoever finished `n` messages: a worker, possibly batched;
-//!   a force stop; a refused enqueue): if `WAITERS` is clear, CAS
-//!   `in_flight - n`, freeing the credit if the word became zero. If it is
-//!   set, first pin the credit (`handles + 1`), then subtract, pop and wake up
-//!   to `n` waiters, and drop the pin. A CAS that fails because `WAITERS` was
-//!   set meanwhile retries on the slow path, so a release never misses a
-//!   waiter.
+//!   a stop handing messages back; a refused enqueue): if neither waiter bit
+//!   is set, CAS `in_flight - n`, freeing the source if the word became
+//!   zero. Otherwise first pin the source (`handles + 1`), subtract, wake up
+//!   to `n` submitters and every drainer, and drop the pin. A CAS that fails
+//!   because a bit was set meanwhile retries on the slow path, so a release
+//!   never misses a waiter.
 //! - register a waiter (a submitter, holding a handle): under the list lock,
 //!   push and set `WAITERS`; then try to acquire once more. Against a release
-//!   this is the Dekker pattern on one word: either the release saw `WAITERS`
-//!   (and wakes a waiter), or the retry sees the unit it gave back.
+//!   this is the Dekker pattern on one word: either the release saw
+//!   `WAITERS` (and wakes a waiter), or the retry sees the unit it gave back.
+//!   A drainer does the same with `DRAINERS` and its own list.
 //! - a waiter that was popped (notified) and gives up without taking a unit
 //!   passes the notification on, so a unit is never left unused while someone
 //!   sleeps.
 //! - handle clone/drop: `handles ± 1`; the drop that makes the word zero
-//!   frees the credit.
+//!   frees the source.
 //!
 //! Acquisition is not strictly FIFO (a `try_submit` can barge in); the list
 //! only orders who is woken.
+//!
+//! # Positions and the commit point
+//!
+//! Each accepted message takes the next *position* (`next`, one
+//! `fetch_add` by its submitter). When it ends, whoever ended it records a
+//! one-byte *tag* in the source's window: one row per worker (so that
+//! workers never write each other's cache lines) and one for the other
+//! threads (stops handing messages back), a slot per position modulo the
+//! window's size. A tag says finished (done or panicked: committable) or
+//! returned (handed back or cancelled: resolved, but never passed by the
+//! commit point, since it will be delivered again).
+//!
+//! The commit point and the resolved point are advanced lazily, under a
+//! lock, by whoever asks (`committable()`, a drain check, a submitter at the
+//! cap): from where they stand, they pass each position whose tag some row
+//! holds. The commit point clears the slots it passes before it publishes
+//! its new value, and a recorder writes into the window only if its
+//! position is less than one window ahead of the commit point it reads
+//! (else into a small overflow map): so a slot holds a tag of its own lap
+//! or none, and no stale tag can be taken for a current one.
+//!
+//! The span of positions between the commit point and `next` is capped
+//! (`span`): a submitter finding it full advances the commit point and, if
+//! it is still full, waits as it waits for credit (a message that ends
+//! releases a unit, or pokes, and wakes it). The window has room for the
+//! span plus one message per unit of credit (submitters that passed the
+//! cap check together). Follow-ups that inherit another message's unit
+//! (see `receiver.rs`) are not held by the cap — a handler never waits —
+//! and are what may overflow; they are bounded by the credit they hold.
+//!
+//! # Stops
+//!
+//! `flags` holds `CLOSED` (no new message is accepted) and `STOPPED` (a
+//! `shutdown_now`: its messages are handed back instead of started). A
+//! worker that meets a message of a stopped source hands it to the
+//! stopping thread (`handover`) while one waits there (`stoppers`), or
+//! hands it back itself if none does (a stop called from a worker).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
 use crate::pool::executor::Shared;
-use crate::sync::atomic::{AtomicU64, Ordering::*};
+use crate::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use crate::sync::{cas_guess, Arc, Mutex};
 use crate::waiter::Waiter;
 
 const IN_FLIGHT_MASK: u64 = (1 << 40) - 1;
-
-/// How long a blocking submitter retries for credit before it parks.
-#[cfg(not(loom))]
-const CREDIT_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 const HANDLE: u64 = 1 << 40;
+const DRAINERS: u64 = 1 << 62;
 const WAITERS: u64 = 1 << 63;
+const WAITER_BITS: u64 = WAITERS | DRAINERS;
 
 /// The most units a receiver can hold (the in-flight field's capacity).
 pub(crate) const MAX_CREDIT: usize = IN_FLIGHT_MASK as usize;
 
-pub(crate) struct Credit {
-    /// The word above, alone on its cache line (it is the hot one).
-    word: CachePadded<AtomicU64>,
-    /// Read-only after creation (on another line, shared by every core).
+/// How long a blocking submitter retries for credit before it parks.
+#[cfg(not(loom))]
+const CREDIT_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// The largest commit span a receiver may be given.
+pub(crate) const MAX_SPAN: usize = 1 << 24;
+
+const CLOSED: u8 = 1;
+const STOPPED: u8 = 2;
+
+/// Tags: nothing recorded (or cleared), finished, returned.
+const EMPTY: u8 = 0;
+const FINISHED: u8 = 1;
+const RETURNED: u8 = 2;
+
+/// What ended a message, for its tag.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Ended {
+    /// Done or panicked: the commit point may pass it.
+    Finished,
+    /// Handed back or cancelled: it will be delivered again; the commit
+    /// point stops before it.
+    Returned,
+}
+
+/// A rejection a worker leaves for the thread stopping the source.
+pub(crate) type Handover = Box<dyn FnOnce() + Send>;
+
+/// The words submitters touch on every message.
+struct Hot {
+    word: AtomicU64,
+    /// The next position.
+    next: AtomicU64,
+}
+
+/// The lazily advanced points (see the module docs).
+struct Points {
+    /// Leading positions all finished (done or panicked).
+    committed: AtomicU64,
+    /// Leading positions all ended (committable or returned).
+    resolved: AtomicU64,
+    /// Serialises advancing.
+    lock: Mutex<()>,
+}
+
+pub(crate) struct Source {
+    hot: CachePadded<Hot>,
+    /// Read-only after creation, or rarely written (`flags`), on a line of
+    /// their own that every core shares.
     max: u64,
     /// How many released units a worker may hold back before returning them.
     batch: u64,
+    /// The commit span's cap.
+    span: u64,
+    flags: AtomicU8,
+    /// Threads in `shutdown_now` waiting for the source to drain.
+    stoppers: AtomicUsize,
+    /// The id of the dispatcher the source feeds.
+    dispatcher: u64,
+    points: CachePadded<Points>,
+    /// `rows` rows of `1 << shift` tags (see the module docs).
+    window: Box<[AtomicU8]>,
+    shift: u32,
+    rows: usize,
+    /// Tags of positions too far ahead of the commit point for the window
+    /// (follow-ups that inherited another message's unit are not held by
+    /// the span cap); `overflowed` counts them, so lookups skip the lock
+    /// while it is empty.
+    overflow: Mutex<HashMap<u64, Ended>>,
+    overflowed: AtomicUsize,
     waiters: Mutex<Waiters>,
-    /// The executor: it counts this credit in its list of sources (a
-    /// graceful stop waits until no source has a unit out), and is woken
-    /// when the last unit comes back during a stop. `None` in unit tests.
+    drainers: Mutex<Vec<Waiter>>,
+    handover: Mutex<Vec<Handover>>,
+    /// The executor: it counts this source in its list (a graceful stop
+    /// waits until no source has a unit out), and is woken when the last
+    /// unit comes back during a stop. `None` in unit tests.
     shared: Option<Arc<Shared>>,
 }
 
@@ -83,132 +187,166 @@ struct Waiters {
     next_id: u64,
 }
 
-/// A counted handle to a credit (held by receivers).
-pub(crate) struct CreditHandle(NonNull<Credit>);
+/// A counted handle to a source (held by receivers).
+pub(crate) struct SourceHandle(NonNull<Source>);
 
-/// An uncounted pointer to a credit, valid while its holder holds a unit
-/// (or, for the executor's list of sources, while it is in that list).
+/// An uncounted pointer to a source, valid while its holder holds a unit
+/// or a handle (or, for the executor's list of sources, while it is in that
+/// list).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CreditRef(NonNull<Credit>);
+pub(crate) struct SourceRef(NonNull<Source>);
 
-// SAFETY: `Credit` is `Sync` (atomics and a mutex); handles and refs are
+// SAFETY: `Source` is `Sync` (atomics and mutexes); handles and refs are
 // pointers to it whose validity is governed by the counts in its word, not by
 // the thread that holds them.
-unsafe impl Send for CreditHandle {}
+unsafe impl Send for SourceHandle {}
 // SAFETY: as above.
-unsafe impl Sync for CreditHandle {}
+unsafe impl Sync for SourceHandle {}
 // SAFETY: as above.
-unsafe impl Send for CreditRef {}
+unsafe impl Send for SourceRef {}
 // SAFETY: as above.
-unsafe impl Sync for CreditRef {}
+unsafe impl Sync for SourceRef {}
 
-impl CreditHandle {
-    /// A new credit of `max` units, with this one handle, counted in
-    /// `shared`'s sources.
-    pub(crate) fn new(max: usize, shared: Option<Arc<Shared>>) -> Self {
-        let max = max.min(MAX_CREDIT) as u64;
-        let credit = Box::new(Credit {
-            word: CachePadded::new(AtomicU64::new(HANDLE)),
+/// How a receiver's source is made.
+pub(crate) struct Settings {
+    pub(crate) max_in_flight: usize,
+    pub(crate) span: usize,
+    /// Rows of the window: one per worker, plus one.
+    pub(crate) rows: usize,
+    pub(crate) dispatcher: u64,
+}
+
+impl SourceHandle {
+    /// A new source, with this one handle, counted in `shared`'s sources.
+    pub(crate) fn new(settings: Settings, shared: Option<Arc<Shared>>) -> Self {
+        let max = settings.max_in_flight.min(MAX_CREDIT) as u64;
+        let span = (settings.span.min(MAX_SPAN) as u64).max(max);
+        // Room for the span and a unit's worth of overshoot per unit of
+        // credit (submitters that passed the cap check together).
+        let size = (span + max).next_power_of_two();
+        let rows = settings.rows.max(1);
+        let source = Box::new(Source {
+            hot: CachePadded::new(Hot {
+                word: AtomicU64::new(HANDLE),
+                next: AtomicU64::new(0),
+            }),
             max,
             // Hold back at most 1/16 of the window (and never more than 16),
             // so batching never starves a small receiver.
             batch: (max / 16).clamp(1, 16),
+            span,
+            flags: AtomicU8::new(0),
+            stoppers: AtomicUsize::new(0),
+            dispatcher: settings.dispatcher,
+            points: CachePadded::new(Points {
+                committed: AtomicU64::new(0),
+                resolved: AtomicU64::new(0),
+                lock: Mutex::new(()),
+            }),
+            window: (0..size as usize * rows)
+                .map(|_| AtomicU8::new(EMPTY))
+                .collect(),
+            shift: size.trailing_zeros(),
+            rows,
+            overflow: Mutex::new(HashMap::new()),
+            overflowed: AtomicUsize::new(0),
             waiters: Mutex::new(Waiters::default()),
+            drainers: Mutex::new(Vec::new()),
+            handover: Mutex::new(Vec::new()),
             shared,
         });
-        let ptr = NonNull::from(Box::leak(credit));
+        let ptr = NonNull::from(Box::leak(source));
         // SAFETY: just made; the handle keeps it alive.
         if let Some(shared) = unsafe { ptr.as_ref() }.shared.as_ref() {
-            shared.register_source(CreditRef(ptr));
+            shared.register_source(SourceRef(ptr));
         }
-        CreditHandle(ptr)
+        SourceHandle(ptr)
     }
 
     #[inline]
-    pub(crate) fn credit(&self) -> &Credit {
-        // SAFETY: a handle is counted in the word, so the credit is alive.
+    pub(crate) fn source(&self) -> &Source {
+        // SAFETY: a handle is counted in the word, so the source is alive.
         unsafe { self.0.as_ref() }
     }
 
     /// The pointer an accepted message carries. Only valid while that
-    /// message holds its unit.
+    /// message holds its unit (or a pin).
     #[inline]
-    pub(crate) fn as_ref(&self) -> CreditRef {
-        CreditRef(self.0)
+    pub(crate) fn as_ref(&self) -> SourceRef {
+        SourceRef(self.0)
     }
 }
 
-impl Clone for CreditHandle {
+impl Clone for SourceHandle {
     fn clone(&self) -> Self {
-        self.credit().word.fetch_add(HANDLE, Relaxed);
-        CreditHandle(self.0)
+        self.source().hot.word.fetch_add(HANDLE, Relaxed);
+        SourceHandle(self.0)
     }
 }
 
-impl Drop for CreditHandle {
+impl Drop for SourceHandle {
     fn drop(&mut self) {
-        // SAFETY: this handle is counted, so the credit is alive until the
+        // SAFETY: this handle is counted, so the source is alive until the
         // subtraction; `unpin` frees it if the word reaches zero.
         unsafe { unpin(self.0) }
     }
 }
 
-/// Drops one handle count; frees the credit if the word reached zero.
+/// Drops one handle count; frees the source if the word reached zero.
 ///
 /// # Safety
-/// The caller owns one handle count of the credit at `ptr`.
-unsafe fn unpin(ptr: NonNull<Credit>) {
-    // SAFETY: the count we own keeps the credit alive for this access.
-    let prev = unsafe { ptr.as_ref() }.word.fetch_sub(HANDLE, AcqRel);
+/// The caller owns one handle count of the source at `ptr`.
+unsafe fn unpin(ptr: NonNull<Source>) {
+    // SAFETY: the count we own keeps the source alive for this access.
+    let prev = unsafe { ptr.as_ref() }.hot.word.fetch_sub(HANDLE, AcqRel);
     if prev == HANDLE {
         // SAFETY: the word is zero: no handle, unit or waiter is left.
         unsafe { free(ptr) };
     }
 }
 
-/// Frees a credit whose word reached zero: no handle, unit or waiter is
+/// Frees a source whose word reached zero: no handle, unit or waiter is
 /// left, so nobody but the executor's list of sources can reach it, and
 /// it is taken out of that list first.
 ///
 /// # Safety
 /// The caller made the word zero; `ptr` came from `Box::leak`.
-unsafe fn free(ptr: NonNull<Credit>) {
+unsafe fn free(ptr: NonNull<Source>) {
     // SAFETY: alive until we drop it below (caller's contract).
-    let credit = unsafe { Box::from_raw(ptr.as_ptr()) };
-    if let Some(shared) = &credit.shared {
-        shared.deregister_source(CreditRef(ptr));
+    let source = unsafe { Box::from_raw(ptr.as_ptr()) };
+    if let Some(shared) = &source.shared {
+        shared.deregister_source(SourceRef(ptr));
     }
-    drop(credit);
+    drop(source);
 }
 
-impl CreditRef {
+impl SourceRef {
     /// Gives back `n` units.
     ///
     /// # Safety
-    /// The caller holds `n` units of this credit (acquired and not released).
+    /// The caller holds `n` units of this source (acquired and not released).
     pub(crate) unsafe fn release(self, n: u64) {
-        // SAFETY: the units we hold keep the credit alive until we give them
+        // SAFETY: the units we hold keep the source alive until we give them
         // back below.
-        let credit = unsafe { self.0.as_ref() };
-        let mut cur = cas_guess(&credit.word);
+        let source = unsafe { self.0.as_ref() };
+        let word = &source.hot.word;
+        let mut cur = cas_guess(word);
         loop {
             debug_assert!(cur & IN_FLIGHT_MASK >= n, "credit released twice");
-            if cur & WAITERS != 0 {
-                // Slow path: pin, so the credit outlives the wake-ups.
-                credit.word.fetch_add(HANDLE, Relaxed);
-                let prev = credit.word.fetch_sub(n, SeqCst);
-                credit.notify(n);
-                if (prev - n) & IN_FLIGHT_MASK == 0 {
-                    credit.drained();
+            if cur & WAITER_BITS != 0 {
+                // Slow path: pin, so the source outlives the wake-ups.
+                word.fetch_add(HANDLE, Relaxed);
+                let now = (word.fetch_sub(n, SeqCst) - n) & IN_FLIGHT_MASK;
+                source.notify(n);
+                source.wake_drainers();
+                if now == 0 {
+                    source.drained();
                 }
                 // SAFETY: we own the pin taken above.
                 unsafe { unpin(self.0) };
                 return;
             }
-            match credit
-                .word
-                .compare_exchange_weak(cur, cur - n, SeqCst, Relaxed)
-            {
+            match word.compare_exchange_weak(cur, cur - n, SeqCst, Relaxed) {
                 Ok(_) => {
                     if cur == n {
                         // SAFETY: we made the word zero; it was made by
@@ -217,7 +355,7 @@ impl CreditRef {
                     } else if (cur - n) & IN_FLIGHT_MASK == 0 {
                         // The last unit came back: a graceful stop may be
                         // waiting for that (the handles keep it alive).
-                        credit.drained();
+                        source.drained();
                     }
                     return;
                 }
@@ -226,22 +364,54 @@ impl CreditRef {
         }
     }
 
-    /// The credit (valid while a unit is held, or while it is listed).
+    /// Takes a handle count, keeping the source alive without a unit (a
+    /// forwarded message that holds another source's unit).
+    pub(crate) fn pin(self) {
+        self.get().hot.word.fetch_add(HANDLE, Relaxed);
+    }
+
+    /// Takes a handle count unless the source is being freed (its word is
+    /// zero). For the executor's list of sources, under its lock: `free`
+    /// takes that lock before the memory goes.
+    pub(crate) fn try_pin(self) -> bool {
+        let word = &self.get().hot.word;
+        let mut cur = word.load(SeqCst);
+        loop {
+            if cur == 0 {
+                return false;
+            }
+            match word.compare_exchange_weak(cur, cur + HANDLE, SeqCst, SeqCst) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Gives back a count [`pin`](Self::pin) took.
+    ///
+    /// # Safety
+    /// The caller owns such a count.
+    pub(crate) unsafe fn unpin(self) {
+        // SAFETY: caller's contract.
+        unsafe { unpin(self.0) }
+    }
+
+    /// The source (valid while a unit or a handle is held, or while it is
+    /// listed).
     #[inline]
-    pub(crate) fn get(&self) -> &Credit {
-        // SAFETY: the caller's unit or the list keeps it alive.
+    pub(crate) fn get(&self) -> &Source {
+        // SAFETY: the caller's unit, pin or the list keeps it alive.
         unsafe { self.0.as_ref() }
     }
 
     /// Units a worker may hold back before giving them back.
     #[inline]
     pub(crate) fn batch(self) -> u64 {
-        // SAFETY: only called while the caller holds a unit.
-        unsafe { self.0.as_ref() }.batch
+        self.get().batch
     }
 }
 
-impl Credit {
+impl Source {
     /// No unit is out any more: during a graceful stop, the workers check
     /// whether everything drained.
     fn drained(&self) {
@@ -254,27 +424,39 @@ impl Credit {
         self.max as usize
     }
 
-    pub(crate) fn in_flight(&self) -> usize {
-        (self.word.load(Relaxed) & IN_FLIGHT_MASK) as usize
+    pub(crate) fn span(&self) -> u64 {
+        self.span
     }
 
-    /// Takes one unit if one is free.
+    pub(crate) fn dispatcher(&self) -> u64 {
+        self.dispatcher
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        (self.hot.word.load(Relaxed) & IN_FLIGHT_MASK) as usize
+    }
+
+    // ----- credit --------------------------------------------------------
+
+    /// Takes one unit if one is free and the span of unfinished positions
+    /// is below its cap.
     #[inline]
     pub(crate) fn try_acquire(&self) -> bool {
-        let mut cur = cas_guess(&self.word);
+        if self.span_full() {
+            return false;
+        }
+        let word = &self.hot.word;
+        let mut cur = cas_guess(word);
         loop {
             if cur & IN_FLIGHT_MASK >= self.max {
                 // Re-read with SeqCst so a failing acquire that is followed by
                 // registration cannot miss a release (see module docs).
-                cur = self.word.load(SeqCst);
+                cur = word.load(SeqCst);
                 if cur & IN_FLIGHT_MASK >= self.max {
                     return false;
                 }
             }
-            match self
-                .word
-                .compare_exchange_weak(cur, cur + 1, SeqCst, Relaxed)
-            {
+            match word.compare_exchange_weak(cur, cur + 1, SeqCst, Relaxed) {
                 Ok(_) => return true,
                 Err(actual) => cur = actual,
             }
@@ -283,10 +465,9 @@ impl Credit {
 
     /// Retries [`try_acquire`](Self::try_acquire) for up to
     /// [`CREDIT_SPIN`], yielding the thread between rounds, before a
-    /// blocking caller registers as a waiter. Calls `before_wait` first:
-    /// the receiver passes a function that gives back the units this
-    /// thread's worker holds back (a handler submitting), since those may
-    /// be the ones it waits for.
+    /// blocking caller registers as a waiter: workers give units back a few
+    /// at a time, and parking at once would make each of those releases a
+    /// futex wake. Calls `before_wait` first (see [`Acquire`]).
     #[cfg(not(loom))]
     pub(crate) fn spin_acquire(&self, before_wait: fn()) -> bool {
         before_wait();
@@ -305,7 +486,23 @@ impl Credit {
         }
     }
 
-    /// Pops up to `n` waiters and wakes them. The caller keeps the credit
+    /// Whether the span from the commit point to `next` has reached its
+    /// cap (after advancing the commit point, if it seemed to).
+    #[inline]
+    fn span_full(&self) -> bool {
+        // `next` may be read stale, behind a commit point that another
+        // thread moved since: the difference saturates (an old `next` only
+        // makes the span look smaller, and the position taken later is
+        // checked against the window again when it is recorded).
+        let next = self.hot.next.load(Relaxed);
+        if next.saturating_sub(self.points.committed.load(Relaxed)) < self.span {
+            return false;
+        }
+        self.advance();
+        next.saturating_sub(self.points.committed.load(Acquire)) >= self.span
+    }
+
+    /// Pops up to `n` waiters and wakes them. The caller keeps the source
     /// alive (a pin or a handle).
     #[cold]
     fn notify(&self, n: u64) {
@@ -319,11 +516,414 @@ impl Credit {
                 }
             }
             if w.queue.is_empty() {
-                self.word.fetch_and(!WAITERS, SeqCst);
+                self.hot.word.fetch_and(!WAITERS, SeqCst);
             }
         }
         for waiter in woken {
             waiter.wake();
+        }
+    }
+
+    /// Wakes every thread or task waiting for the source to drain (each
+    /// looks again and waits again if it has to).
+    #[cold]
+    fn wake_drainers(&self) {
+        let woken: Vec<Waiter> = {
+            let mut d = self.drainers.lock();
+            if d.is_empty() {
+                return;
+            }
+            self.hot.word.fetch_and(!DRAINERS, SeqCst);
+            std::mem::take(&mut *d)
+        };
+        for waiter in woken {
+            waiter.wake();
+        }
+    }
+
+    /// A message of this source ended without giving back one of its units
+    /// (it held another source's unit): wake whoever might wait on this
+    /// source, since no release of its own will.
+    #[cold]
+    pub(crate) fn poke(&self) {
+        fence(SeqCst);
+        if self.hot.word.load(SeqCst) & WAITER_BITS != 0 {
+            self.notify(1);
+            self.wake_drainers();
+        }
+    }
+
+    // ----- positions -------------------------------------------------------
+
+    /// The position of a message that is being accepted.
+    #[inline]
+    pub(crate) fn take_position(&self) -> u64 {
+        self.hot.next.fetch_add(1, Relaxed)
+    }
+
+    /// Positions taken so far.
+    pub(crate) fn positions(&self) -> u64 {
+        self.hot.next.load(Acquire)
+    }
+
+    /// Records how the message at `position` ended, in row `row` (a worker's
+    /// index, or [`other_row`](Self::other_row)).
+    ///
+    /// The slot of `position` in the window is free once the commit point
+    /// passed the position one window-length before it. A stale read of the
+    /// commit point is lower than the real one, so the test errs on the
+    /// safe side; a position that does not fit goes to the overflow map.
+    #[inline]
+    pub(crate) fn record(&self, row: usize, position: u64, ended: Ended) {
+        let size = 1u64 << self.shift;
+        if position.wrapping_sub(self.points.committed.load(Acquire)) >= size {
+            return self.record_overflow(position, ended);
+        }
+        let at = (row << self.shift) + (position & (size - 1)) as usize;
+        let t = match ended {
+            Ended::Finished => FINISHED,
+            Ended::Returned => RETURNED,
+        };
+        self.window[at].store(t, Release);
+    }
+
+    #[cold]
+    fn record_overflow(&self, position: u64, ended: Ended) {
+        let mut map = self.overflow.lock();
+        map.insert(position, ended);
+        self.overflowed.store(map.len(), SeqCst);
+    }
+
+    /// The row for threads that are not workers (a stop handing back).
+    pub(crate) fn other_row(&self) -> usize {
+        self.rows - 1
+    }
+
+    /// How the message at `position` ended, if some row says. Only for
+    /// positions at or past the commit point, whose slots hold their own
+    /// tag or none (see [`advance`](Self::advance)).
+    fn ended(&self, position: u64) -> Option<Ended> {
+        let mask = (1u64 << self.shift) - 1;
+        let at = (position & mask) as usize;
+        for row in 0..self.rows {
+            match self.window[(row << self.shift) + at].load(Acquire) {
+                FINISHED => return Some(Ended::Finished),
+                RETURNED => return Some(Ended::Returned),
+                _ => {}
+            }
+        }
+        if self.overflowed.load(SeqCst) == 0 {
+            return None;
+        }
+        self.overflow.lock().get(&position).copied()
+    }
+
+    /// Advances the commit point and the resolved point as far as the
+    /// recorded tags allow. Returns (committed, resolved).
+    ///
+    /// The commit point clears the slots of each position it passes before
+    /// it publishes its new value (a release store), so a recorder that
+    /// read it (acquire) and writes one lap ahead writes a clear slot: a
+    /// slot never holds a tag of another lap than its position's.
+    pub(crate) fn advance(&self) -> (u64, u64) {
+        let _guard = self.points.lock.lock();
+        let next = self.hot.next.load(Acquire);
+        let mask = (1u64 << self.shift) - 1;
+        let mut committed = self.points.committed.load(Relaxed);
+        while committed < next && self.ended(committed) == Some(Ended::Finished) {
+            let at = (committed & mask) as usize;
+            for row in 0..self.rows {
+                self.window[(row << self.shift) + at].store(EMPTY, Relaxed);
+            }
+            committed += 1;
+        }
+        // The resolved point also passes returned messages; the commit
+        // point stops at the first one, for good.
+        let mut resolved = self.points.resolved.load(Relaxed).max(committed);
+        while resolved < next && self.ended(resolved).is_some() {
+            resolved += 1;
+        }
+        self.points.committed.store(committed, Release);
+        self.points.resolved.store(resolved, Release);
+        if self.overflowed.load(SeqCst) != 0 {
+            // Positions behind the resolved point are never looked at again
+            // (the commit point only trails it when it stopped for good at
+            // a returned message).
+            let mut map = self.overflow.lock();
+            map.retain(|&p, _| p >= resolved);
+            self.overflowed.store(map.len(), SeqCst);
+        }
+        (committed, resolved)
+    }
+
+    /// Leading positions whose messages all finished (done or panicked).
+    pub(crate) fn committable(&self) -> u64 {
+        self.advance().0
+    }
+
+    /// Whether every message accepted so far has ended (finished, handed
+    /// back or cancelled).
+    pub(crate) fn is_drained(&self) -> bool {
+        let (_, resolved) = self.advance();
+        resolved >= self.hot.next.load(Acquire)
+    }
+
+    /// Registers `waiter` to be woken by the next release (or poke), then
+    /// looks once more: true if the source drained meanwhile.
+    pub(crate) fn wait_drained(&self, waiter: &dyn Fn(&mut Option<Waiter>)) -> bool {
+        {
+            let mut d = self.drainers.lock();
+            let mut slot = None;
+            waiter(&mut slot);
+            d.extend(slot);
+            self.hot.word.fetch_or(DRAINERS, SeqCst);
+        }
+        self.is_drained()
+    }
+
+    // ----- stops -------------------------------------------------------------
+
+    /// Refuses new messages from now on.
+    pub(crate) fn close(&self) {
+        self.flags.fetch_or(CLOSED, SeqCst);
+    }
+
+    /// Closes the source and makes workers hand its messages back instead
+    /// of starting them. The caller counted itself in `stoppers` first.
+    pub(crate) fn stop(&self) {
+        self.flags.fetch_or(CLOSED | STOPPED, SeqCst);
+    }
+
+    #[inline]
+    pub(crate) fn is_closed(&self) -> bool {
+        self.flags.load(SeqCst) & CLOSED != 0
+    }
+
+    /// SeqCst: a runner suspending a future reads it after its own state
+    /// change, against a stopper that sets it before scanning the states.
+    #[inline]
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.flags.load(SeqCst) & STOPPED != 0
+    }
+
+    /// A thread starts waiting in `shutdown_now` (before [`stop`]).
+    ///
+    /// [`stop`]: Self::stop
+    pub(crate) fn stopper_enter(&self) {
+        self.stoppers.fetch_add(1, SeqCst);
+    }
+
+    /// A thread is done waiting in `shutdown_now`; runs what was handed
+    /// over since.
+    pub(crate) fn stopper_leave(&self) {
+        let left = {
+            let mut list = self.handover.lock();
+            self.stoppers.fetch_sub(1, SeqCst);
+            std::mem::take(&mut *list)
+        };
+        for reject in left {
+            reject();
+        }
+        self.run_handovers();
+    }
+
+    /// A worker met a message of a stopped source: `reject` hands it back.
+    /// If a thread waits in `shutdown_now`, it runs `reject` (on its
+    /// thread, as the stop hands back the rest); otherwise `reject` runs
+    /// here. (`stoppers` is read under the list's lock, which the last
+    /// stopper to leave takes to empty the list: nothing is left behind.)
+    pub(crate) fn hand_over(&self, reject: Handover) {
+        {
+            let mut list = self.handover.lock();
+            if self.stoppers.load(SeqCst) != 0 {
+                list.push(reject);
+                drop(list);
+                // The message still holds its unit; wake the stopper
+                // waiting for the source to drain.
+                self.wake_drainers();
+                return;
+            }
+        }
+        reject();
+    }
+
+    /// Runs the rejections workers handed over (the stopping thread).
+    pub(crate) fn run_handovers(&self) {
+        loop {
+            let batch = std::mem::take(&mut *self.handover.lock());
+            if batch.is_empty() {
+                return;
+            }
+            for reject in batch {
+                reject();
+            }
+        }
+    }
+}
+
+/// A unit of credit shared by a message and the follow-ups it passed it
+/// on to (see `receiver.rs`, "Sending from a handler"): given back when
+/// the last of them ends. Allocated when a running message first passes
+/// its unit on; freed by the last holder.
+pub(crate) struct SharedUnit {
+    unit: SourceRef,
+    holders: AtomicUsize,
+}
+
+/// The unit of credit a message holds: one of its own (or another
+/// message's, handed over whole), or a share of one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UnitRef {
+    Plain(SourceRef),
+    Shared(NonNull<SharedUnit>),
+}
+
+// SAFETY: a `SharedUnit` is atomics and a `SourceRef` (both `Sync`); its
+// lifetime is governed by `holders`, not by the thread holding a ref.
+unsafe impl Send for UnitRef {}
+// SAFETY: as above.
+unsafe impl Sync for UnitRef {}
+
+impl UnitRef {
+    /// The source whose unit this is.
+    #[inline]
+    pub(crate) fn source(self) -> SourceRef {
+        match self {
+            UnitRef::Plain(s) => s,
+            // SAFETY: the caller is a holder, which keeps the share alive.
+            UnitRef::Shared(t) => unsafe { t.as_ref() }.unit,
+        }
+    }
+
+    /// Passes the unit on to one more holder: returns (the caller's new
+    /// ref, the new holder's).
+    ///
+    /// # Safety
+    /// The caller holds this unit (or share).
+    pub(crate) unsafe fn share(self) -> (UnitRef, UnitRef) {
+        match self {
+            UnitRef::Plain(unit) => {
+                let t = NonNull::from(Box::leak(Box::new(SharedUnit {
+                    unit,
+                    holders: AtomicUsize::new(2),
+                })));
+                (UnitRef::Shared(t), UnitRef::Shared(t))
+            }
+            UnitRef::Shared(t) => {
+                // SAFETY: we are a holder.
+                unsafe { t.as_ref() }.holders.fetch_add(1, Relaxed);
+                (self, self)
+            }
+        }
+    }
+
+    /// A holder that took a share with [`share`](Self::share) gives it back
+    /// unused (its message was refused); the share's first holder is still
+    /// there, so the unit stays out.
+    ///
+    /// # Safety
+    /// The caller holds this share, and another holder remains.
+    pub(crate) unsafe fn unshare(self) {
+        if let UnitRef::Shared(t) = self {
+            // SAFETY: caller's contract.
+            let prev = unsafe { t.as_ref() }.holders.fetch_sub(1, AcqRel);
+            debug_assert!(prev > 1, "the last holder of a unit left without it");
+        }
+    }
+
+    /// A holder ends: the unit to give back now, if this was its last
+    /// holder (always, for a plain one).
+    ///
+    /// # Safety
+    /// The caller holds this unit (or share), and does not use it after.
+    #[inline]
+    pub(crate) unsafe fn leave(self) -> Option<SourceRef> {
+        match self {
+            UnitRef::Plain(s) => Some(s),
+            UnitRef::Shared(t) => {
+                // SAFETY: we are a holder.
+                let share = unsafe { t.as_ref() };
+                if share.holders.fetch_sub(1, AcqRel) != 1 {
+                    return None;
+                }
+                let unit = share.unit;
+                // SAFETY: the last holder: nobody else can reach it; made by
+                // `Box::leak` in `share`.
+                drop(unsafe { Box::from_raw(t.as_ptr()) });
+                Some(unit)
+            }
+        }
+    }
+}
+
+/// A source kept alive by a handle count (taken with
+/// [`SourceRef::try_pin`]), dropped on drop.
+pub(crate) struct PinnedSource(SourceRef);
+
+impl PinnedSource {
+    /// Pins `source` unless it is being freed.
+    pub(crate) fn new(source: SourceRef) -> Option<Self> {
+        source.try_pin().then_some(PinnedSource(source))
+    }
+}
+
+impl std::ops::Deref for PinnedSource {
+    type Target = Source;
+
+    fn deref(&self) -> &Source {
+        self.0.get()
+    }
+}
+
+impl Drop for PinnedSource {
+    fn drop(&mut self) {
+        // SAFETY: we own the pin `new` took.
+        unsafe { self.0.unpin() }
+    }
+}
+
+/// How often a thread waiting for sources to drain looks again on its own
+/// (it is also woken whenever a unit of a source it waits on comes back,
+/// or a message is handed over to it).
+#[cfg(not(loom))]
+const DRAIN_RECHECK: std::time::Duration = std::time::Duration::from_millis(1);
+#[cfg(loom)]
+const DRAIN_RECHECK: std::time::Duration = std::time::Duration::from_millis(0);
+
+/// Waits (parking the thread) until every source in `sources` has drained
+/// — every message it accepted ended — or `deadline` passes (`None`: no
+/// deadline). Runs what workers hand over meanwhile if `handovers` (the
+/// caller is their stopper). True if all drained.
+pub(crate) fn wait_all_drained(
+    sources: &[&Source],
+    deadline: Option<std::time::Instant>,
+    handovers: bool,
+) -> bool {
+    loop {
+        let mut waiting = None;
+        for s in sources {
+            if handovers {
+                s.run_handovers();
+            }
+            if !s.is_drained() {
+                waiting = Some(*s);
+                break;
+            }
+        }
+        let Some(source) = waiting else { return true };
+        let left = match deadline {
+            Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                Some(left) if !left.is_zero() => left,
+                _ => return false,
+            },
+            None => DRAIN_RECHECK,
+        };
+        if !source.wait_drained(&|slot| {
+            if !matches!(slot, Some(Waiter::Thread(_))) {
+                *slot = Some(Waiter::current_thread());
+            }
+        }) {
+            crate::sync::thread::park_timeout(left.min(DRAIN_RECHECK));
         }
     }
 }
@@ -332,17 +932,18 @@ impl Credit {
 /// polls. Dropping it deregisters (or passes on a notification it received).
 /// The submitter holds a handle for as long as this lives.
 pub(crate) struct Acquire<'a> {
-    credit: &'a Credit,
+    source: &'a Source,
     id: Option<u64>,
-    /// Called once before each registration as a waiter (see
-    /// [`Credit::spin_acquire`]).
+    /// Called once before each registration as a waiter (the receiver
+    /// passes a function that gives back the units this thread's worker
+    /// holds back, since those may be the ones it waits for).
     before_wait: fn(),
 }
 
 impl<'a> Acquire<'a> {
-    pub(crate) fn new(credit: &'a Credit, before_wait: fn()) -> Self {
+    pub(crate) fn new(source: &'a Source, before_wait: fn()) -> Self {
         Acquire {
-            credit,
+            source,
             id: None,
             before_wait,
         }
@@ -352,7 +953,7 @@ impl<'a> Acquire<'a> {
     /// waiter is registered and will be woken by a release.
     pub(crate) fn poll(&mut self, waiter: &dyn Fn(&mut Option<Waiter>)) -> bool {
         loop {
-            if self.credit.try_acquire() {
+            if self.source.try_acquire() {
                 self.leave_queue(true);
                 return true;
             }
@@ -360,11 +961,11 @@ impl<'a> Acquire<'a> {
                 // About to wait: a worker running this (a handler submitting)
                 // must not sit on units it holds back.
                 (self.before_wait)();
-                if self.credit.try_acquire() {
+                if self.source.try_acquire() {
                     return true;
                 }
             }
-            let mut w = self.credit.waiters.lock();
+            let mut w = self.source.waiters.lock();
             match self.id {
                 Some(id) => match w.queue.iter_mut().find(|(i, _)| *i == id) {
                     Some((_, slot)) => {
@@ -380,10 +981,10 @@ impl<'a> Acquire<'a> {
                     let mut new = None;
                     waiter(&mut new);
                     w.queue.push_back((id, new));
-                    self.credit.word.fetch_or(WAITERS, SeqCst);
+                    self.source.hot.word.fetch_or(WAITERS, SeqCst);
                     self.id = Some(id);
                     drop(w);
-                    if self.credit.try_acquire() {
+                    if self.source.try_acquire() {
                         self.leave_queue(true);
                         return true;
                     }
@@ -397,16 +998,16 @@ impl<'a> Acquire<'a> {
     /// unit, pass the notification on.
     fn leave_queue(&mut self, acquired: bool) {
         let Some(id) = self.id.take() else { return };
-        let mut w = self.credit.waiters.lock();
+        let mut w = self.source.waiters.lock();
         if let Some(pos) = w.queue.iter().position(|(i, _)| *i == id) {
             w.queue.remove(pos);
             if w.queue.is_empty() {
-                self.credit.word.fetch_and(!WAITERS, SeqCst);
+                self.source.hot.word.fetch_and(!WAITERS, SeqCst);
             }
         } else if !acquired {
             drop(w);
-            // The submitter's handle keeps the credit alive.
-            self.credit.notify(1);
+            // The submitter's handle keeps the source alive.
+            self.source.notify(1);
         }
     }
 }
@@ -428,10 +1029,22 @@ mod tests {
         }
     }
 
+    fn source(max: usize, span: usize) -> SourceHandle {
+        SourceHandle::new(
+            Settings {
+                max_in_flight: max,
+                span,
+                rows: 3,
+                dispatcher: 0,
+            },
+            None,
+        )
+    }
+
     #[test]
     fn counts_caps_and_releases() {
-        let h = CreditHandle::new(2, None);
-        let c = h.credit();
+        let h = source(2, 1024);
+        let c = h.source();
         assert!(c.try_acquire());
         assert!(c.try_acquire());
         assert!(!c.try_acquire());
@@ -446,8 +1059,8 @@ mod tests {
 
     #[test]
     fn outlives_its_handles_while_units_are_held() {
-        let h = CreditHandle::new(4, None);
-        assert!(h.credit().try_acquire());
+        let h = source(4, 1024);
+        assert!(h.source().try_acquire());
         let r = h.as_ref();
         let h2 = h.clone();
         drop(h);
@@ -459,25 +1072,25 @@ mod tests {
 
     #[test]
     fn blocked_acquirer_is_woken_by_release() {
-        let h = CreditHandle::new(1, None);
-        assert!(h.credit().try_acquire());
+        let h = source(1, 1024);
+        assert!(h.source().try_acquire());
         let h2 = h.clone();
         let t = std::thread::spawn(move || {
-            let mut a = Acquire::new(h2.credit(), || {});
+            let mut a = Acquire::new(h2.source(), || {});
             while !a.poll(&thread_waiter) {
                 thread::park();
             }
         });
-        while h.credit().word.load(SeqCst) & WAITERS == 0 {
+        while h.source().hot.word.load(SeqCst) & WAITERS == 0 {
             std::thread::yield_now();
         }
         // SAFETY: one unit is held.
         unsafe { h.as_ref().release(1) };
         t.join().unwrap();
-        assert_eq!(h.credit().in_flight(), 1);
-        assert!(h.credit().waiters.lock().queue.is_empty());
-        assert_eq!(h.credit().word.load(SeqCst) & WAITERS, 0);
-        // Give back the unit the thread took, or the credit is never freed
+        assert_eq!(h.source().in_flight(), 1);
+        assert!(h.source().waiters.lock().queue.is_empty());
+        assert_eq!(h.source().hot.word.load(SeqCst) & WAITERS, 0);
+        // Give back the unit the thread took, or the source is never freed
         // (Miri reports the leak).
         // SAFETY: one unit is held.
         unsafe { h.as_ref().release(1) };
@@ -485,8 +1098,8 @@ mod tests {
 
     #[test]
     fn dropped_notified_waiter_passes_the_wake_on() {
-        let h = CreditHandle::new(1, None);
-        let c = h.credit();
+        let h = source(1, 1024);
+        let c = h.source();
         assert!(c.try_acquire());
         let mut a = Acquire::new(c, || {});
         let mut b = Acquire::new(c, || {});
@@ -499,5 +1112,48 @@ mod tests {
         assert!(b.poll(&thread_waiter));
         // SAFETY: `b` took the one unit.
         unsafe { h.as_ref().release(1) };
+    }
+
+    #[test]
+    fn the_commit_point_passes_finished_positions_in_order_and_stops_at_a_returned_one() {
+        let h = source(8, 16);
+        let s = h.source();
+        let p: Vec<u64> = (0..6).map(|_| s.take_position()).collect();
+        assert_eq!(p, [0, 1, 2, 3, 4, 5]);
+        // Out of order, on different rows (workers).
+        s.record(1, 2, Ended::Finished);
+        s.record(0, 1, Ended::Finished);
+        assert_eq!(s.committable(), 0, "position 0 is still running");
+        s.record(0, 0, Ended::Finished);
+        assert_eq!(s.committable(), 3);
+        assert!(!s.is_drained());
+        s.record(2, 3, Ended::Returned);
+        s.record(1, 4, Ended::Finished);
+        s.record(0, 5, Ended::Finished);
+        assert_eq!(s.committable(), 3, "never past a handed-back message");
+        assert!(s.is_drained(), "every message ended");
+    }
+
+    #[test]
+    fn a_full_span_refuses_credit_until_the_commit_point_moves() {
+        let h = source(4, 4);
+        let s = h.source();
+        for _ in 0..4 {
+            assert!(s.try_acquire());
+            s.take_position();
+        }
+        // Positions 1..3 finish (their units come back); 0 still runs.
+        for p in 1..4 {
+            s.record(0, p, Ended::Finished);
+        }
+        // SAFETY: four units are held.
+        unsafe { h.as_ref().release(3) };
+        assert_eq!(s.in_flight(), 1);
+        assert!(!s.try_acquire(), "credit is free, but the span is full");
+        s.record(1, 0, Ended::Finished);
+        assert!(s.try_acquire(), "the commit point moved on");
+        assert_eq!(s.committable(), 4);
+        // SAFETY: two units are held.
+        unsafe { h.as_ref().release(2) };
     }
 }

@@ -40,7 +40,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::pool::executor::Shared;
 use crate::pool::observe::StepLocal;
-use crate::pool::source::CreditRef;
+use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::Task;
 use crate::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use crate::sync::{spin_loop, thread, Arc, Mutex, Queue};
@@ -128,7 +128,7 @@ pub(crate) struct WorkerCx<'a> {
     /// in small batches keeps the credit's cache line from crossing cores on
     /// every message. Given back when the batch is full, before a message of
     /// another receiver starts, and before the worker waits for work.
-    pending: Cell<Option<(CreditRef, u64)>>,
+    pending: Cell<Option<(SourceRef, u64)>>,
     /// Tasks this worker has taken from its queue (wrapping): a mailbox
     /// revived by the very task that followed its last turn continues that
     /// turn (see `Mailbox::revived`).
@@ -140,6 +140,23 @@ pub(crate) struct WorkerCx<'a> {
     /// Counts not yet added to the metrics handles (zero-sized without the
     /// `metrics` feature).
     pub(crate) metrics: crate::metrics::WorkerLocal,
+    /// The message whose handler runs now (see [`Running`]).
+    running: Cell<Running>,
+}
+
+/// What a handler running on a worker holds that a message it sends may
+/// share (see `receiver.rs`, "Sending from a handler").
+#[derive(Clone, Copy)]
+pub(crate) enum Running {
+    /// No handler runs.
+    Nothing,
+    /// A handler runs for a message of `source` holding `unit`; `passed`:
+    /// it already passed its unit on to a follow-up (once per message).
+    Held {
+        unit: UnitRef,
+        source: SourceRef,
+        passed: bool,
+    },
 }
 
 impl WorkerCx<'_> {
@@ -186,6 +203,28 @@ impl WorkerCx<'_> {
         self.publish_len(len);
     }
 
+    /// A handler is about to be called or polled for a message of `source`
+    /// holding `unit` (`passed`: it passed the unit on to a follow-up in an
+    /// earlier poll).
+    #[inline]
+    pub(crate) fn enter_handler(&self, source: SourceRef, unit: UnitRef, passed: bool) {
+        self.running.set(Running::Held {
+            unit,
+            source,
+            passed,
+        });
+    }
+
+    /// The handler returned: the message's unit now (a share, if it passed
+    /// it on) and whether it passed it on.
+    #[inline]
+    pub(crate) fn leave_handler(&self) -> (UnitRef, bool) {
+        match self.running.replace(Running::Nothing) {
+            Running::Held { unit, passed, .. } => (unit, passed),
+            Running::Nothing => unreachable!("leave_handler without enter_handler"),
+        }
+    }
+
     fn me(&self) -> &Worker {
         &self.shared.workers[self.index]
     }
@@ -215,7 +254,7 @@ impl WorkerCx<'_> {
 
     /// A message of `credit` finished on this worker.
     #[inline]
-    pub(crate) fn release_credit(&self, credit: CreditRef) {
+    pub(crate) fn release_credit(&self, credit: SourceRef) {
         let n = match self.pending.get() {
             Some((c, n)) if c == credit => n + 1,
             other => {
@@ -236,7 +275,7 @@ impl WorkerCx<'_> {
     /// what other receivers are owed first, so a long handler never sits on
     /// them.
     #[inline]
-    pub(crate) fn before_start(&self, credit: CreditRef) {
+    pub(crate) fn before_start(&self, credit: SourceRef) {
         if let Some((c, _)) = self.pending.get() {
             if c != credit {
                 self.flush_credit();
@@ -250,7 +289,7 @@ impl WorkerCx<'_> {
         self.flush_credit_of(pending);
     }
 
-    fn flush_credit_of(&self, pending: Option<(CreditRef, u64)>) {
+    fn flush_credit_of(&self, pending: Option<(SourceRef, u64)>) {
         if let Some((c, n)) = pending {
             self.pending.set(None);
             // SAFETY: the `n` finished messages each held a unit.
@@ -332,6 +371,72 @@ pub(crate) fn flush_held_credit() {
     });
 }
 
+/// Runs `f` with the current thread's `WorkerCx`, if it is a worker.
+fn with_any_cx<R>(f: impl FnOnce(&WorkerCx<'_>) -> R) -> Option<R> {
+    CX.with(|cx| {
+        let cx = cx.get().cast::<WorkerCx<'static>>();
+        // SAFETY: as in `flush_held_credit`.
+        (!cx.is_null()).then(|| f(unsafe { &*cx }))
+    })
+}
+
+/// Whether a handler of the executor at `shared_id` runs on this thread (its
+/// call or a poll of its future).
+pub(crate) fn in_handler(shared_id: usize) -> bool {
+    CURRENT.with(|c| c.get()) == shared_id
+        && with_any_cx(|cx| !matches!(cx.running.get(), Running::Nothing)).unwrap_or(false)
+}
+
+/// From a handler of the executor at `shared_id`: shares its message's
+/// unit with a message it sends (`Some(Some(unit))`: the follow-up's
+/// share), or says the message passed its unit on already (`Some(None)`).
+/// `None` outside a handler (or in one of another executor, whose stop
+/// would not count a unit it does not know).
+///
+/// A message whose unit becomes a share keeps its own source alive with a
+/// pin from then on: the share may be given back by the follow-up first.
+pub(crate) fn take_running_unit(shared_id: usize) -> Option<Option<UnitRef>> {
+    if CURRENT.with(|c| c.get()) != shared_id {
+        return None;
+    }
+    with_any_cx(|cx| match cx.running.get() {
+        Running::Nothing => None,
+        Running::Held { passed: true, .. } => Some(None),
+        Running::Held { unit, source, .. } => {
+            if unit == UnitRef::Plain(source) {
+                source.pin();
+            }
+            // SAFETY: the running message holds `unit`.
+            let (mine, theirs) = unsafe { unit.share() };
+            cx.running.set(Running::Held {
+                unit: mine,
+                source,
+                passed: true,
+            });
+            Some(Some(theirs))
+        }
+    })
+    .flatten()
+}
+
+/// A message given a share of the running handler's unit was not accepted
+/// after all: it gives the share back, and the running message may pass
+/// its unit on again.
+pub(crate) fn give_back_running_unit(share: UnitRef) {
+    let _ = with_any_cx(|cx| {
+        if let Running::Held { unit, source, .. } = cx.running.get() {
+            // SAFETY: the refused message held this share; the running
+            // message still holds another.
+            unsafe { share.unshare() };
+            cx.running.set(Running::Held {
+                unit,
+                source,
+                passed: false,
+            });
+        }
+    });
+}
+
 /// Whether the current thread is a worker of the executor at `shared_id`.
 pub(crate) fn on_worker_of(shared_id: usize) -> bool {
     CURRENT.with(|c| c.get() == shared_id)
@@ -356,6 +461,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         in_port: Cell::new(false),
         steps: StepLocal::new(&shared.watch),
         metrics: crate::metrics::WorkerLocal::new(),
+        running: Cell::new(Running::Nothing),
     };
     CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
     // Allow a spin on the first idle period.
