@@ -67,6 +67,13 @@ fn criterion_groups(c: &mut Criterion) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let has = |flag: &str| args.iter().any(|a| a == flag);
+    // Built with `--features metrics`, the crate records into whatever
+    // recorder is installed: the Prometheus exporter's (without its HTTP
+    // listener), so the measured cost includes real handles, not no-ops.
+    #[cfg(feature = "metrics")]
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("install the Prometheus recorder");
     if has("--table") {
         std::process::exit(common::report::table(Sizes::full().scaled_from_env()));
     }

@@ -6,6 +6,7 @@
 //! ```text
 //! cargo bench --bench probe                       # crate and striped, 2,000,000 msgs, 10,000 keys
 //! KEYED_PROBE_MSGS=500000 cargo bench --bench probe
+//! KEYED_PROBE_SLOW_STEP_MS=100 cargo bench --bench probe   # with the slow-step watch on
 //! ```
 //!
 //! Printed per design: producer ns/msg, worker ns/msg (both including the
@@ -50,15 +51,22 @@ struct Figures {
 /// The crate: one worker pinned to core 1, the producer on core 0, `send`.
 fn keyed(msgs: u64, keys: u64, credit: usize) -> Figures {
     let worker_cpu = Arc::new(AtomicU64::new(0));
-    let ex = KeyedExecutor::builder()
+    let mut builder = KeyedExecutor::builder()
         .workers(1)
         .on_thread_start(|| pin(1))
         .on_thread_stop({
             let w = worker_cpu.clone();
             move || w.store(thread_cpu().as_nanos() as u64, SeqCst)
-        })
-        .build()
-        .unwrap();
+        });
+    // `KEYED_PROBE_SLOW_STEP_MS=n`: watch for steps longer than n ms (the
+    // cost of the slow-step watch: a clock reading per step).
+    if let Some(ms) = std::env::var("KEYED_PROBE_SLOW_STEP_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        builder = builder.slow_step(Duration::from_millis(ms));
+    }
+    let ex = builder.build().unwrap();
     let done = Arc::new(AtomicU64::new(0));
     let d2 = done.clone();
     let dispatcher = ex.dispatcher(handler::from_fn(move |k: &u64, m: u64| {
@@ -120,6 +128,11 @@ fn striped(msgs: u64, keys: u64) -> Figures {
 }
 
 fn main() {
+    // With `--features metrics` the crate records into a real recorder.
+    #[cfg(feature = "metrics")]
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("install the Prometheus recorder");
     let args: Vec<String> = std::env::args().collect();
     // `cargo test` runs bench targets: keep that quick.
     let smoke = !args.iter().any(|a| a == "--bench");

@@ -64,6 +64,20 @@ pub enum ConfigError {
     /// An in-flight limit of 0 would refuse every command.
     #[error("the in-flight limit must be at least 1, got 0: it would refuse every command")]
     ZeroInFlightLimit,
+    /// `slow_step(Duration::ZERO)`: every step would be reported.
+    #[error("`slow_step` must be above zero, got 0: every step would be reported as slow")]
+    ZeroSlowStep,
+    /// `on_slow_step(..)` without `slow_step(threshold)`: the hook would never
+    /// be called.
+    #[error(
+        "`on_slow_step` needs `slow_step(threshold)`: without a threshold no step is reported"
+    )]
+    SlowStepHookWithoutThreshold,
+    /// `metrics_sampling(n)` with `n` zero or not a power of two.
+    #[error(
+        "`metrics_sampling` must be a power of two (1, 2, 4, ..., 1 = every message), got {0}"
+    )]
+    InvalidMetricsSampling(u32),
     /// The operating system refused to start a worker thread.
     #[error("could not start worker thread `{name}`: {reason}")]
     Spawn {

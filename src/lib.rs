@@ -310,18 +310,82 @@
 //!   [`Lanes::in_flight`], [`Lanes::lanes_alive`], [`Lanes::busy_keys`].
 //! - The **`tracing` cargo feature** (off by default; zero cost when off: no
 //!   field, branch or call is compiled in) adds, under the target
-//!   `keyed_executor`: a DEBUG span `message` (fields `key_hash`, `worker`)
-//!   entered around each message's handler call and every poll of its future,
+//!   `keyed_executor`: a DEBUG span `message` (fields `dispatcher`,
+//!   `key_hash`, `worker`) entered around each message's handler call and
+//!   every poll of its future,
 //!   so a handler's own events nest under it; WARN events for a panicking
 //!   handler or spawned future, and for a graceful shutdown that timed out or
-//!   took more than half its timeout; a DEBUG event per message a force stop
-//!   hands back and an INFO summary of the force stop. [`LanesEvent`]s without
-//!   an `on_event` hook become WARN events (target `keyed_executor::lanes`)
-//!   instead of lines on standard error.
+//!   took more than half its timeout; a DEBUG event per message a stop
+//!   hands back (the executor's force stop, or a receiver's or a
+//!   dispatcher's `shutdown_now`) and an INFO summary of the executor's
+//!   force stop; a WARN event per slow
+//!   step (fields `dispatcher`, `key_hash`, `worker`, `running_for`). The
+//!   events name their dispatcher in a `dispatcher` field. [`LanesEvent`]s
+//!   without an `on_event` hook become WARN events (target
+//!   `keyed_executor::lanes`) instead of lines on standard error.
+//!
+//! - **Names.** Every dispatcher has a name
+//!   ([`DispatcherBuilder::name`]; default `dispatcher-{n}`, counting the
+//!   executor's dispatchers from 1), and so does every `Lanes`
+//!   ([`LanesBuilder::name`](lanes::LanesBuilder::name); default the
+//!   kernel's type name): they label the metrics series, the tracing
+//!   events and [`ExecutorStats::dispatchers`].
+//! - **Slow steps.** [`Builder::slow_step`]`(threshold)` reports, once each,
+//!   the handler steps (a call with its first poll, or a later poll) that
+//!   run longer than `threshold`: to the [`Builder::on_slow_step`] hook
+//!   (a [`SlowStep`]: dispatcher, key hash, worker, duration), as a WARN
+//!   event with `tracing`, and in `keyed_executor_slow_steps_total` with
+//!   `metrics`. No timer thread: the step's worker checks when the step
+//!   ends, another worker when it runs out of work, and every
+//!   [`KeyedExecutor::stats`] call checks the steps running then (a step
+//!   stuck forever is reported by the next `stats()` after the threshold).
+//!   [`WorkerStats::current_step`] shows what each worker runs and for how
+//!   long. It costs a clock reading and a few stores per step (40–50 ns
+//!   here: noise for handlers of microseconds, a doubling of the worker's
+//!   cost for handlers that do nothing), and a branch without a threshold.
+//!
+//! # Metrics
+//!
+//! The **`metrics` cargo feature** (off by default; nothing of it is
+//! compiled in without it) records through the
+//! [`metrics`](https://docs.rs/metrics) facade, so any exporter works
+//! (`metrics-exporter-prometheus`, StatsD, OpenTelemetry bridges;
+//! `examples/metrics_prometheus.rs` serves them to Prometheus). Handles are
+//! registered when the executor, a dispatcher, a receiver or a `Lanes` is
+//! built: install the recorder first. The series:
+//!
+//! | series | type | labels | what |
+//! |---|---|---|---|
+//! | `keyed_executor_messages_total` | counter | `dispatcher`, `outcome` = `done` / `panicked` / `rejected` / `cancelled` / `refused` | messages by how they ended: an output, a panic, handed back by a stop, suspended future dropped by a stop (the executor's force stop, or [`Receiver::shutdown_now`] / [`Dispatcher::shutdown_now`]), refused at submission (`Full` or `Closed`) |
+//! | `keyed_executor_slow_steps_total` | counter | `dispatcher` | steps reported slow ([`Builder::slow_step`]) |
+//! | `keyed_executor_in_flight` | gauge | `dispatcher`, `receiver` (its name: [`Dispatcher::named_receiver`], [`ReceiverBuilder::name`]; else its number: `0`, `1`, …) | [`Receiver::in_flight`]: its units of credit held by unfinished messages (one per message it accepted; a follow-up a handler sent sharing its own message's unit adds none) |
+//! | `keyed_executor_live_mailboxes` | gauge | `dispatcher` | keys with a mailbox (a backlog or a suspended future) |
+//! | `keyed_executor_workers_parked` | gauge | — | worker threads asleep (all executors of the process) |
+//! | `keyed_executor_queue_seconds` | histogram | `dispatcher` | acceptance → first poll (sampled) |
+//! | `keyed_executor_run_seconds` | histogram | `dispatcher` | first poll → outcome delivered, suspended time included (sampled) |
+//! | `keyed_executor_poll_seconds` | histogram | `dispatcher` | one step: a handler call with its first poll, or a later poll (sampled) |
+//! | `keyed_executor_lane_commands_total` | counter | `lanes`, `outcome` = `ok` / `error` / `panicked` / `withdrawn` / `busy` / `closed` | Lanes commands by outcome (`withdrawn`: its deadline passed, or its caller left, before a batch took it) |
+//! | `keyed_executor_lane_busy_total` | counter | `lanes`, `reason` = `lane_full` / `in_flight_limit` | `Busy` refusals |
+//! | `keyed_executor_lane_batch_size` | histogram | `lanes` | commands per kernel batch |
+//! | `keyed_executor_lane_wait_seconds` | histogram | `lanes` | a command's wait in its lane before its batch started (the `Lanes`' clock) |
+//!
+//! How they stay cheap (the cost on W1 is in `BENCHMARKS.md`): a worker
+//! counts outcomes in plain per-worker cells and adds them to the handles
+//! every 1,024 messages and before it parks, so a scrape's counters lag by
+//! at most that; one message in `metrics_sampling` (a builder setting with
+//! the feature; default 256, counted per key bucket, so at least the first
+//! message of each bucket) is timed for the `_seconds` histograms (three
+//! clock readings); `in_flight` is re-read when a worker flushes, before
+//! it parks, on every [`KeyedExecutor::stats`] call and after a stop — a
+//! source stalled behind stuck workers shows its last value until then, so
+//! call `stats()` from the scrape loop to refresh it. With the Prometheus
+//! exporter, give the `_seconds` series buckets (`set_buckets_for_metric`),
+//! or it renders them as summaries.
 //!
 //! # Cargo features
 //!
 //! - `tracing`: the spans and events above (adds the `tracing` dependency).
+//! - `metrics`: the series above (adds the `metrics` facade, nothing else).
 //!
 //! [`Kernel`]: lanes::Kernel
 //! [`InFlightLimit`]: limit::InFlightLimit
@@ -336,6 +400,7 @@ mod completion;
 pub mod error;
 pub mod lanes;
 pub mod limit;
+mod metrics;
 mod pool;
 mod timer;
 mod trace;
@@ -353,13 +418,19 @@ pub use pool::dispatcher::{DefaultHashBuilder, DefaultHasher, Dispatcher, Dispat
 pub use pool::executor::KeyedExecutor;
 #[doc(inline)]
 pub use pool::handler;
+pub use pool::observe::SlowStep;
 #[cfg(not(loom))]
 pub use pool::receiver::WeakReceiver;
 pub use pool::receiver::{
     Receiver, ReceiverBuilder, SendFuture, ShutdownFuture, SubmitFuture,
     DEFAULT_COMMIT_SPAN_FACTOR, MIN_DEFAULT_COMMIT_SPAN,
 };
-pub use pool::stats::{ExecutorStats, SpawnedStats, WorkerState, WorkerStats};
+pub use pool::stats::{
+    CurrentStep, DispatcherStats, ExecutorStats, SpawnedStats, WorkerState, WorkerStats,
+};
+
+#[cfg(feature = "metrics")]
+pub use crate::metrics::DEFAULT_METRICS_SAMPLING;
 
 /// Internals that the loom models in `loom-tests/` check directly (built
 /// with `--cfg loom` only; not part of the API).

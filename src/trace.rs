@@ -11,10 +11,11 @@
 //!
 //! | what | level | where |
 //! |---|---|---|
-//! | span `message` (fields `key_hash`, `worker`) around a message's handler call and every poll of its future | DEBUG | mailbox |
-//! | a handler (or its future) panicked | WARN | dispatcher |
+//! | span `message` (fields `dispatcher`, `key_hash`, `worker`) around a message's handler call and every poll of its future | DEBUG | mailbox |
+//! | a handler (or its future) panicked (fields `dispatcher`, `worker`, `panic`) | WARN | dispatcher |
+//! | a step ran longer than the `slow_step` threshold (fields `dispatcher`, `key_hash`, `worker`, `running_for`, `finished`) | WARN | observe |
 //! | a spawned future panicked | WARN | spawn |
-//! | a queued message handed back by a force stop | DEBUG | dispatcher |
+//! | a queued message handed back by a force stop (fields `dispatcher`, `has_completion`) | DEBUG | dispatcher |
 //! | a force stop finished: how many messages it handed back, futures it cancelled | INFO | executor |
 //! | a graceful shutdown timed out, or took more than half its timeout | WARN | executor |
 //! | a graceful shutdown finished | DEBUG | executor |
@@ -32,10 +33,11 @@ mod imp {
 
     impl MessageSpan {
         #[inline]
-        pub(crate) fn new(key_hash: u64, worker: usize) -> Self {
+        pub(crate) fn new(dispatcher: &str, key_hash: u64, worker: usize) -> Self {
             MessageSpan(tracing::debug_span!(
                 target: "keyed_executor",
                 "message",
+                dispatcher,
                 key_hash,
                 worker
             ))
@@ -58,8 +60,33 @@ mod imp {
     }
 
     #[cold]
-    pub(crate) fn handler_panicked(worker: usize, panic: &Panic) {
-        tracing::warn!(target: "keyed_executor", worker, panic = panic.message(), "handler panicked");
+    pub(crate) fn handler_panicked(dispatcher: &str, worker: usize, panic: &Panic) {
+        tracing::warn!(
+            target: "keyed_executor",
+            dispatcher,
+            worker,
+            panic = panic.message(),
+            "handler panicked"
+        );
+    }
+
+    #[cold]
+    pub(crate) fn slow_step(
+        dispatcher: &str,
+        key_hash: u64,
+        worker: usize,
+        running_for: Duration,
+        finished: bool,
+    ) {
+        tracing::warn!(
+            target: "keyed_executor",
+            dispatcher,
+            key_hash,
+            worker,
+            ?running_for,
+            finished,
+            "slow step: a handler step ran longer than the slow_step threshold"
+        );
     }
 
     #[cold]
@@ -68,9 +95,10 @@ mod imp {
     }
 
     #[cold]
-    pub(crate) fn message_rejected(has_completion: bool) {
+    pub(crate) fn message_rejected(dispatcher: &str, has_completion: bool) {
         tracing::debug!(
             target: "keyed_executor",
+            dispatcher,
             has_completion,
             "queued message handed back by a force stop"
         );
@@ -142,7 +170,7 @@ mod imp {
 
     impl MessageSpan {
         #[inline(always)]
-        pub(crate) fn new(_key_hash: u64, _worker: usize) -> Self {
+        pub(crate) fn new(_dispatcher: &str, _key_hash: u64, _worker: usize) -> Self {
             MessageSpan
         }
 
@@ -161,13 +189,23 @@ mod imp {
     }
 
     #[inline(always)]
-    pub(crate) fn handler_panicked(_worker: usize, _panic: &Panic) {}
+    pub(crate) fn handler_panicked(_dispatcher: &str, _worker: usize, _panic: &Panic) {}
+
+    #[inline(always)]
+    pub(crate) fn slow_step(
+        _dispatcher: &str,
+        _key_hash: u64,
+        _worker: usize,
+        _running_for: Duration,
+        _finished: bool,
+    ) {
+    }
 
     #[inline(always)]
     pub(crate) fn spawned_panicked(_panic: &Panic) {}
 
     #[inline(always)]
-    pub(crate) fn message_rejected(_has_completion: bool) {}
+    pub(crate) fn message_rejected(_dispatcher: &str, _has_completion: bool) {}
 
     #[inline(always)]
     pub(crate) fn force_stopped(_rejected: usize, _cancelled_spawned: usize) {}

@@ -237,3 +237,75 @@ fn spin_hits_are_counted_only_with_spin() {
     );
     assert!(executor.shutdown(Duration::from_secs(5)));
 }
+
+#[test]
+fn dispatchers_have_names_default_a_counter_shown_in_stats_and_debug() {
+    let executor = KeyedExecutor::builder().workers(1).build().unwrap();
+    let first = executor.dispatcher(handler::from_fn(|_: &u8, n: u8| n));
+    let ledger = executor
+        .dispatcher_builder(handler::from_fn(|_: &u8, n: u8| n))
+        .name("ledger")
+        .build();
+    let third = executor.dispatcher(handler::from_fn(|_: &u8, n: u8| n));
+    assert_eq!(first.name(), "dispatcher-1");
+    assert_eq!(ledger.name(), "ledger");
+    assert_eq!(third.name(), "dispatcher-3");
+    assert!(format!("{ledger:?}").contains("\"ledger\""));
+    let names: Vec<String> = executor
+        .stats()
+        .dispatchers
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    assert_eq!(names, ["dispatcher-1", "ledger", "dispatcher-3"]);
+
+    // Per dispatcher: a key blocked in its handler with one more message
+    // queued behind it shows as that dispatcher's live mailbox.
+    let gate = Gate::new();
+    let g = gate.clone();
+    let blocking = executor
+        .dispatcher_builder(handler::from_async_fn(move |_: u8, ()| {
+            let g = g.clone();
+            async move {
+                let (tx, rx) = oneshot::channel::<()>();
+                std::thread::spawn(move || {
+                    g.wait();
+                    let _ = tx.send(());
+                });
+                let _ = rx.await;
+            }
+        }))
+        .name("journal")
+        .build();
+    let r = blocking.named_receiver("partition-0", 4).unwrap();
+    let done = r.submit_blocking(1, ()).unwrap();
+    eventually("the key has a mailbox", || {
+        executor
+            .stats()
+            .dispatchers
+            .iter()
+            .any(|d| d.name == "journal" && d.live_mailboxes == 1)
+    });
+    gate.open();
+    done.wait().unwrap();
+    assert!(executor.shutdown(Duration::from_secs(5)));
+}
+
+#[test]
+fn lanes_have_names_default_the_kernel_type() {
+    use keyed_executor::lanes::{BatchResult, Kernel, Lanes};
+    struct Store;
+    impl Kernel for Store {
+        type Key = u8;
+        type Command = u8;
+        type Output = u8;
+        type Error = String;
+        async fn execute_batch(&self, _: &u8, c: Vec<u8>) -> BatchResult<u8, u8, String> {
+            BatchResult::committed(c.into_iter().map(Ok).collect())
+        }
+    }
+    let lanes = Lanes::builder(Store).build().unwrap();
+    assert!(lanes.name().ends_with("Store"), "{}", lanes.name());
+    let named = Lanes::builder(Store).name("accounts").build().unwrap();
+    assert_eq!(named.name(), "accounts");
+}

@@ -32,17 +32,21 @@ struct Seen {
     text: String,
     /// For events: the name of the span they happened in.
     in_span: Option<String>,
+    /// Every field but the message, as `name=value` (Debug), in order.
+    fields: Vec<String>,
 }
 
 #[derive(Clone, Default)]
 struct Capture(Arc<Mutex<Vec<Seen>>>);
 
-struct Message(String);
+struct Message(String, Vec<String>);
 
 impl Visit for Message {
     fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
         if field.name() == "message" {
             self.0 = format!("{value:?}");
+        } else {
+            self.1.push(format!("{}={value:?}", field.name()));
         }
     }
 }
@@ -50,17 +54,20 @@ impl Visit for Message {
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     fn on_new_span(&self, attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {
         let meta = attrs.metadata();
+        let mut fields = Message(String::new(), Vec::new());
+        attrs.record(&mut fields);
         self.0.lock().unwrap().push(Seen {
             kind: "span",
             level: *meta.level(),
             target: meta.target().to_owned(),
             text: meta.name().to_owned(),
             in_span: None,
+            fields: fields.1,
         });
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
-        let mut message = Message(String::new());
+        let mut message = Message(String::new(), Vec::new());
         event.record(&mut message);
         let meta = event.metadata();
         self.0.lock().unwrap().push(Seen {
@@ -69,6 +76,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
             target: meta.target().to_owned(),
             text: message.0,
             in_span: ctx.event_span(event).map(|s| s.name().to_owned()),
+            fields: message.1,
         });
     }
 }
@@ -109,7 +117,7 @@ fn spans_and_events() {
     // poll of its future (after an `.await` too).
     let executor = KeyedExecutor::builder().workers(1).build().unwrap();
     let receiver = executor
-        .dispatcher(handler::from_async_fn(|key: u32, n: u32| async move {
+        .dispatcher_builder(handler::from_async_fn(|key: u32, n: u32| async move {
             tracing::info!("before await {key}");
             futures::future::ready(()).await;
             std::thread::yield_now();
@@ -119,6 +127,8 @@ fn spans_and_events() {
             }
             n
         }))
+        .name("journal")
+        .build()
         .receiver(8)
         .unwrap();
     assert_eq!(receiver.submit_blocking(1, 1).unwrap().wait().unwrap(), 1);
@@ -129,6 +139,11 @@ fn spans_and_events() {
         .expect("a message span");
     assert_eq!((span.level, span.text.as_str()), (Level::DEBUG, "message"));
     assert_eq!(span.target, "keyed_executor");
+    assert_eq!(
+        span.fields[0], "dispatcher=\"journal\"",
+        "{:?}",
+        span.fields
+    );
     for text in ["before await 1", "after await 1"] {
         let e = find(&seen, Level::INFO, text).expect(text);
         assert_eq!(e.in_span.as_deref(), Some("message"), "{text}");
@@ -140,6 +155,11 @@ fn spans_and_events() {
     let seen = capture.take();
     let e = find(&seen, Level::WARN, "handler panicked").expect("panic event");
     assert_eq!(e.target, "keyed_executor");
+    assert!(
+        e.fields.contains(&"dispatcher=\"journal\"".to_owned()),
+        "{:?}",
+        e.fields
+    );
 
     // A spawned future's panic: WARN.
     executor.spawn(async { panic!("spawned boom") }).unwrap();
@@ -205,4 +225,35 @@ fn spans_and_events() {
     let seen = capture.take();
     let e = find(&seen, Level::WARN, "view store down").expect("lanes event");
     assert_eq!(e.target, "keyed_executor::lanes");
+
+    // A slow step: WARN, with the dispatcher's name and the key's hash
+    // (the same as the hook's report).
+    let hashes = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let h = hashes.clone();
+    let executor = KeyedExecutor::builder()
+        .workers(1)
+        .slow_step(Duration::from_millis(5))
+        .on_slow_step(move |s| h.lock().unwrap().push(s.key_hash))
+        .build()
+        .unwrap();
+    let receiver = executor
+        .dispatcher_builder(handler::from_fn(|_: &u32, ()| {
+            std::thread::sleep(Duration::from_millis(20));
+        }))
+        .name("sleepy")
+        .build()
+        .receiver(2)
+        .unwrap();
+    receiver.submit_blocking(4, ()).unwrap().wait().unwrap();
+    assert!(executor.shutdown(Duration::from_secs(5)));
+    let seen = capture.take();
+    let e = find(&seen, Level::WARN, "slow step").expect("slow step event");
+    assert_eq!(e.target, "keyed_executor");
+    let hash = hashes.lock().unwrap()[0];
+    for field in [
+        "dispatcher=\"sleepy\"".to_owned(),
+        format!("key_hash={hash}"),
+    ] {
+        assert!(e.fields.contains(&field), "{field} not in {:?}", e.fields);
+    }
 }

@@ -65,6 +65,7 @@ pub struct LanesBuilder<K: Kernel> {
     fatals: Option<NodeFatals>,
     on_commit: Option<Box<CommitHook<K>>>,
     on_event: Option<Box<EventHook<K>>>,
+    name: Option<String>,
 }
 
 impl<K: Kernel> LanesBuilder<K> {
@@ -79,7 +80,18 @@ impl<K: Kernel> LanesBuilder<K> {
             fatals: None,
             on_commit: None,
             on_event: None,
+            name: None,
         }
+    }
+
+    /// Its name: the `lanes` label of its metrics series (with the
+    /// `metrics` feature) and [`Lanes::name`]. Default: the kernel's type
+    /// name ([`std::any::type_name`]), which stays the same across
+    /// restarts. Any string is taken as it is; `Lanes` sharing a name share
+    /// their series.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
     }
 
     /// At most this many commands wait in one lane (not counting those in
@@ -194,6 +206,9 @@ impl<K: Kernel> LanesBuilder<K> {
             fatals: self.fatals.unwrap_or_default(),
             on_commit: self.on_commit,
             on_event: self.on_event,
+            name: self
+                .name
+                .unwrap_or_else(|| std::any::type_name::<K>().to_owned()),
         });
         Ok(Lanes {
             shared: Arc::new(shared),
@@ -204,6 +219,7 @@ impl<K: Kernel> LanesBuilder<K> {
 impl<K: Kernel> fmt::Debug for LanesBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LanesBuilder")
+            .field("name", &self.name)
             .field("lane_capacity", &self.lane_capacity)
             .field("max_batch", &self.max_batch)
             .field("limit", &self.limit)

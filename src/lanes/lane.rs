@@ -118,6 +118,9 @@ pub(crate) struct After<K: Kernel> {
     pub(crate) dead: bool,
     /// User values to drop outside the locks.
     pub(crate) garbage: Garbage<K>,
+    /// Outcomes and waits for the metrics (zero-sized without the
+    /// `metrics` feature).
+    pub(crate) tally: crate::metrics::LaneTally,
 }
 
 /// Outcomes and commands nobody waits for any more.
@@ -138,6 +141,7 @@ impl<K: Kernel> After<K> {
                 outcomes: Vec::new(),
                 commands: Vec::new(),
             },
+            tally: crate::metrics::LaneTally::new(),
         }
     }
 }
@@ -181,6 +185,9 @@ enum SlotState<K: Kernel> {
 struct Slot<K: Kernel> {
     state: SlotState<K>,
     deadline: Option<Instant>,
+    /// When it entered (for the metrics' lane wait; zero-sized without the
+    /// `metrics` feature).
+    entered: crate::metrics::LaneStamp,
     waker: Option<Waker>,
     abandoned: bool,
 }
@@ -253,6 +260,7 @@ impl<K: Kernel> Lane<K> {
         let id = st.slots.insert(Slot {
             state: SlotState::Queued(command),
             deadline,
+            entered: crate::metrics::LaneStamp::new(now),
             waker: Some(waker.clone()),
             abandoned: false,
         });
@@ -319,10 +327,12 @@ impl<K: Kernel> Lane<K> {
                         after.wake.extend(s.waker.take());
                         withdrawn += 1;
                     } else {
+                        after.tally.waited(&s.entered, now);
                         members.push(id);
                         commands.push(command);
                     }
                 }
+                after.tally.withdrawn(withdrawn);
                 after.drained |= acc.release(withdrawn);
                 st.batch = Batch::Running {
                     members,
@@ -379,6 +389,7 @@ impl<K: Kernel> Lane<K> {
                 let (outcomes, _committed, again) = r.into_parts();
                 let decided = outcomes.len();
                 for (&id, outcome) in members.iter().zip(outcomes) {
+                    after.tally.decided(outcome.is_ok());
                     deliver(st, id, outcome.map_err(LaneError::Kernel), &mut after);
                 }
                 released += decided;
@@ -388,6 +399,7 @@ impl<K: Kernel> Lane<K> {
                     if s.abandoned {
                         st.slots.remove(id);
                         after.garbage.commands.push(command);
+                        after.tally.withdrawn(1);
                         released += 1;
                     } else {
                         s.state = SlotState::Queued(command);
@@ -410,6 +422,7 @@ impl<K: Kernel> Lane<K> {
                 }
                 released += members.len();
                 after.finished = members.len();
+                after.tally.panicked(members.len());
             }
         }
         st.drain.record(now, after.finished);
@@ -445,6 +458,7 @@ impl<K: Kernel> Lane<K> {
         };
         st.queue.retain(|&id| id != slot);
         after.drained |= acc.release(1);
+        after.tally.withdrawn(1);
         if st.driver == Driver::Caller(slot) {
             hand_off(st, &mut after);
         }
@@ -476,6 +490,7 @@ impl<K: Kernel> Lane<K> {
                 }
                 st.queue.retain(|&id| id != slot);
                 after.drained |= acc.release(1);
+                after.tally.withdrawn(1);
             }
         }
         if st.driver == Driver::Caller(slot) {

@@ -268,6 +268,11 @@ impl<K: Kernel> Lanes<K> {
     pub fn lane_capacity(&self) -> usize {
         self.shared.lane_capacity
     }
+
+    /// Its name ([`LanesBuilder::name`]; by default the kernel's type name).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
 }
 
 impl<K: Kernel> fmt::Debug for Lanes<K> {

@@ -61,6 +61,10 @@ pub(crate) struct Shared<K: Kernel> {
     pub(crate) fatals: NodeFatals,
     pub(crate) on_commit: Option<Box<CommitHook<K>>>,
     pub(crate) on_event: Option<Box<EventHook<K>>>,
+    /// Its name (the `lanes` label of its metrics series).
+    pub(crate) name: Box<str>,
+    /// Metrics handles (zero-sized without the `metrics` feature).
+    pub(crate) metrics: crate::metrics::LanesMetrics,
     shards: Box<[Shard<K>]>,
     hasher: RandomState,
     /// Wakers of pending `close` futures: woken when the count drains to
@@ -98,6 +102,7 @@ pub(crate) struct Settings<K: Kernel> {
     pub(crate) fatals: NodeFatals,
     pub(crate) on_commit: Option<Box<CommitHook<K>>>,
     pub(crate) on_event: Option<Box<EventHook<K>>>,
+    pub(crate) name: String,
 }
 
 impl<K: Kernel> Shared<K> {
@@ -112,6 +117,8 @@ impl<K: Kernel> Shared<K> {
             fatals: s.fatals,
             on_commit: s.on_commit,
             on_event: s.on_event,
+            metrics: crate::metrics::LanesMetrics::new(&s.name),
+            name: s.name.into_boxed_str(),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             close_waiters: Mutex::new(Vec::new()),
@@ -144,12 +151,14 @@ impl<K: Kernel> Shared<K> {
                 if drained {
                     self.wake_closers();
                 }
+                self.metrics.closed();
                 return Err(LaneError::Closed(command));
             }
             Err(Refused::Limit { drained }) => {
                 if drained {
                     self.wake_closers();
                 }
+                self.metrics.busy(BusyReason::InFlightLimit);
                 return Err(LaneError::Busy {
                     command,
                     retry_after: self.accounts.limit.retry_after(now),
@@ -178,6 +187,7 @@ impl<K: Kernel> Shared<K> {
                 } => {
                     drop(map);
                     drop(counted);
+                    self.metrics.busy(BusyReason::LaneFull);
                     return Err(LaneError::Busy {
                         command,
                         retry_after,
@@ -219,6 +229,7 @@ impl<K: Kernel> Shared<K> {
             self.accounts.limit.record_drain(self.now(), after.finished);
         }
         let notify = after.drained || (after.orphaned && self.accounts.is_closed());
+        self.metrics.settled(&after.tally);
         drop(after.garbage);
         for w in after.wake {
             w.wake();
@@ -249,6 +260,7 @@ impl<K: Kernel> Shared<K> {
     /// Boxes the kernel's future for a new batch. The future owns the kernel
     /// handle and the key, so it is `'static` and any driver can poll it.
     pub(crate) fn batch_future(&self, lane: &Lane<K>, commands: Vec<K::Command>) -> BatchFuture<K> {
+        self.metrics.batch_started(commands.len());
         let kernel = Arc::clone(&self.kernel);
         let key = lane.key().clone();
         Box::pin(async move { kernel.execute_batch(&key, commands).await })

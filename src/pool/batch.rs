@@ -160,7 +160,10 @@ impl<K, M> Progress<K, M> {
         }
     }
 
-    fn cut(self, refused: Refused) -> BatchError<K, M> {
+    fn cut(self, refused: Refused, metrics: &crate::metrics::ReceiverMetrics) -> BatchError<K, M> {
+        for _ in 0..self.rest.len() {
+            metrics.refused();
+        }
         BatchError {
             closed: matches!(refused, Refused::Closed),
             sent: self.sent,
@@ -214,7 +217,7 @@ impl<K, M, O> Receiver<K, M, O> {
                 return Ok(p.sent);
             }
             if let Err(refused) = self.chunk_now(&mut p) {
-                return Err(p.cut(refused));
+                return Err(p.cut(refused, &self.metrics));
             }
             if p.rest.is_empty() {
                 return Ok(p.sent);
@@ -224,10 +227,10 @@ impl<K, M, O> Receiver<K, M, O> {
             match self.unit_blocking() {
                 Ok(_) => {
                     if let Err(refused) = self.chunk(&mut p, 1) {
-                        return Err(p.cut(refused));
+                        return Err(p.cut(refused, &self.metrics));
                     }
                 }
-                Err(refused) => return Err(p.cut(refused)),
+                Err(refused) => return Err(p.cut(refused, &self.metrics)),
             }
         }
     }
@@ -268,7 +271,7 @@ impl<K, M, O> Receiver<K, M, O> {
     /// unit for one message if no credit is free; `Full` with the rest.
     fn batch_now(&self, mut p: Progress<K, M>) -> Result<Positions, BatchError<K, M>> {
         if let Err(refused) = self.chunk_now(&mut p) {
-            return Err(p.cut(refused));
+            return Err(p.cut(refused, &self.metrics));
         }
         if p.sent.is_empty() && !p.rest.is_empty() {
             // A single send's way: a free unit, else (in a handler) the
@@ -276,21 +279,21 @@ impl<K, M, O> Receiver<K, M, O> {
             match self.unit_now() {
                 Ok(Unit::Own) => {
                     if let Err(refused) = self.chunk(&mut p, 1) {
-                        return Err(p.cut(refused));
+                        return Err(p.cut(refused, &self.metrics));
                     }
                 }
                 Ok(Unit::Inherited(share)) => {
                     if let Err(refused) = self.send_shared(&mut p, share) {
-                        return Err(p.cut(refused));
+                        return Err(p.cut(refused, &self.metrics));
                     }
                 }
-                Err(refused) => return Err(p.cut(refused)),
+                Err(refused) => return Err(p.cut(refused, &self.metrics)),
             }
         }
         if p.rest.is_empty() {
             Ok(p.sent)
         } else {
-            Err(p.cut(Refused::Full))
+            Err(p.cut(Refused::Full, &self.metrics))
         }
     }
 
@@ -435,7 +438,7 @@ impl<K, M, O> Future for SendBatchFuture<'_, K, M, O> {
             }
             if let Err(refused) = r.chunk_now(p) {
                 let p = this.progress.take().expect("checked");
-                return Poll::Ready(Err(p.cut(refused)));
+                return Poll::Ready(Err(p.cut(refused, &r.metrics)));
             }
             if p.rest.is_empty() {
                 break;
@@ -445,7 +448,7 @@ impl<K, M, O> Future for SendBatchFuture<'_, K, M, O> {
             }
             if let Err(refused) = r.chunk(p, 1) {
                 let p = this.progress.take().expect("checked");
-                return Poll::Ready(Err(p.cut(refused)));
+                return Poll::Ready(Err(p.cut(refused, &r.metrics)));
             }
         }
         let p = this.progress.take().expect("checked");

@@ -66,7 +66,8 @@ use crate::error::{ConfigError, Panic, TaskError};
 use crate::pool::executor::{KeyedExecutor, Shared};
 use crate::pool::handler::Handler;
 use crate::pool::inbox::Inbox;
-use crate::pool::mailbox::{Envelope, Held, Mailbox, Step};
+use crate::pool::mailbox::{Envelope, Held, Mailbox, Stamp, Step};
+use crate::pool::observe::Identity;
 #[cfg(not(loom))]
 use crate::pool::receiver::WeakCore;
 use crate::pool::receiver::{Batch, Core, Receiver, ReceiverBuilder};
@@ -425,6 +426,9 @@ pub(crate) struct Delivery<K, M, O> {
     env: Envelope<M, O>,
 }
 
+/// A delivery a source stop kept back, with its metrics stamp.
+type Deferred<K, M, O> = (Delivery<K, M, O>, Stamp);
+
 /// A dispatcher's port on one worker.
 ///
 /// `state`: `PORT_IDLE` (not queued), `PORT_SCHEDULED` (its task is in the
@@ -467,8 +471,9 @@ struct Gate<K, M, H: Handler<K, M>, S> {
     /// Free mailboxes for keys that get one.
     spares: Vec<MailboxRef<K, M, H, S>>,
     /// Deliveries a source stop took out of the inbox to hand back its own
-    /// and kept for the others: they go ahead of the inbox, in order.
-    deferred: VecDeque<Delivery<K, M, H::Output>>,
+    /// and kept for the others (with their metrics stamps): they go ahead
+    /// of the inbox, in order.
+    deferred: VecDeque<Deferred<K, M, H::Output>>,
 }
 
 impl<K, M, H: Handler<K, M>, S> Gate<K, M, H, S> {
@@ -492,11 +497,11 @@ enum Stopped<K, M, H: Handler<K, M>, S> {
     Mailbox(MailboxRef<K, M, H, S>),
 }
 
-/// The typed heart of a dispatcher. Mailboxes point back to it.
 /// A message taken out by a source's stop, with its key (none when the
 /// key's `Clone` panicked: it goes back through its completion only).
 type Handed<K, M, O> = (Option<K>, Envelope<M, O>);
 
+/// The typed heart of a dispatcher. Mailboxes point back to it.
 pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     pub(crate) shared: Arc<Shared>,
     pub(crate) handler: H,
@@ -508,6 +513,8 @@ pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     /// User-facing handles (`Dispatcher`s and `Receiver`s).
     handles: AtomicUsize,
     id: u64,
+    /// Its name and metrics handles (see `observe.rs`).
+    pub(crate) ident: Identity,
     /// The dispatcher refuses new messages (its own stop).
     closed: AtomicBool,
 }
@@ -588,7 +595,8 @@ where
         };
         let port = &this.ports[worker];
         let d = Delivery { key, hash, env };
-        port.inbox.push(d);
+        port.inbox
+            .push_stamped(d, this.shared.metrics.stamp(sent_of(word)));
         fence(SeqCst);
         if port.closed.load(SeqCst) {
             // A force stop may have emptied the inbox before our push
@@ -661,7 +669,10 @@ where
                 UNPLACED => this.place(b, word + 1),
                 w => w as usize,
             };
-            this.ports[worker].inbox.push(Delivery { key, hash, env });
+            this.ports[worker].inbox.push_stamped(
+                Delivery { key, hash, env },
+                this.shared.metrics.stamp(sent_of(word)),
+            );
             if !touched.contains(&worker) {
                 touched.push(worker);
             }
@@ -784,6 +795,7 @@ where
             return true;
         }
         gate.bucket(b, this.routes.len()).live -= 1;
+        crate::metrics::mailboxes(cx, &this.ident.metrics, -1);
         gate.turns
             .record(hash, spent.min(u32::MAX as usize) as u32, cx.tick());
         // SAFETY: as above: the queue is empty, no future is stored.
@@ -801,6 +813,7 @@ where
     /// A message whose key's `Eq`/`Clone` panicked in a port: it fails as
     /// panicked (without the `on_panic` hook, which needs the key).
     fn fail_unkeyed(&self, env: Envelope<M, H::Output>, panic: Panic) {
+        self.ident.metrics.finished_direct(false);
         let Envelope { reply, held, .. } = env;
         self.end(held, Ended::Finished, None, false);
         if let Some(slot) = reply {
@@ -857,7 +870,8 @@ where
     #[cold]
     fn reject_keyless(&self, env: Envelope<M, H::Output>) {
         let Envelope { msg, reply, held } = env;
-        trace::message_rejected(reply.is_some());
+        trace::message_rejected(&self.ident.name, reply.is_some());
+        self.ident.metrics.rejected();
         self.shared.rejected.fetch_add(1, Relaxed);
         self.end(held, Ended::Returned, None, false);
         match reply {
@@ -891,15 +905,15 @@ where
                 let popped = std::iter::from_fn(|| {
                     // SAFETY: we hold the gate, so we are the inbox's only
                     // consumer.
-                    unsafe { port.inbox.pop() }
+                    unsafe { port.inbox.pop_stamped() }
                 });
-                for d in old.into_iter().chain(popped) {
+                for (d, stamp) in old.into_iter().chain(popped) {
                     if stopped(d.env.held.source) {
                         let count = gate.bucket(this.bucket_of(d.hash), nb);
                         count.received = count.received.wrapping_add(1);
                         handed.push((Some(d.key), d.env));
                     } else {
-                        keep.push_back(d);
+                        keep.push_back((d, stamp));
                     }
                 }
                 let deferred = !keep.is_empty();
@@ -992,9 +1006,9 @@ where
                     Some(d)
                 }
                 // SAFETY: we hold the gate: the only consumer.
-                None => unsafe { port.inbox.pop() },
+                None => unsafe { port.inbox.pop_stamped() },
             };
-            let Some(Delivery { key, hash, env }) = next else {
+            let Some((Delivery { key, hash, env }, stamp)) = next else {
                 more = false;
                 break;
             };
@@ -1011,7 +1025,7 @@ where
             let key = match Self::lookup(&gate, hash, key) {
                 Ok(Lookup::Active(m, key)) => {
                     // SAFETY: in the map, under the gate.
-                    if let Err(env) = unsafe { m.as_ref() }.deliver(env) {
+                    if let Err(env) = unsafe { m.as_ref() }.deliver(env, stamp) {
                         // Closed (a force stop under way, or a key whose
                         // `Eq` failed it): handed back.
                         drop(gate);
@@ -1046,7 +1060,7 @@ where
                 gate.lent = true;
                 drop(gate);
                 // SAFETY: the slot is ours (`RUNNING`), with a key, no future.
-                let step = unsafe { Mailbox::start(&slot, env, cx) };
+                let step = unsafe { Mailbox::start(&slot, env, stamp, cx) };
                 gate = port.gate.lock();
                 gate.lent = false;
                 match step {
@@ -1071,6 +1085,7 @@ where
                                 gate = port.gate.lock();
                                 continue;
                             }
+                            crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
                         }
                         drop(gate);
                         Mailbox::after_pending(slot, cx);
@@ -1093,8 +1108,9 @@ where
                     gate = port.gate.lock();
                     continue;
                 }
+                crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
                 // SAFETY: free, assigned, under the gate.
-                unsafe { m.schedule_with(env) };
+                unsafe { m.schedule_with(env, stamp) };
                 drop(gate);
                 cx.requeue_local(Task::new(m));
                 gate = port.gate.lock();
@@ -1173,14 +1189,17 @@ where
             let counters = &self.shared.workers[cx.index].counters;
             match &outcome {
                 // Only this worker's thread writes these two: no RMW needed.
-                Ok(_) => counters
-                    .done
-                    .store(counters.done.load(Relaxed) + 1, Relaxed),
+                Ok(_) => {
+                    let done = counters.done.load(Relaxed) + 1;
+                    counters.done.store(done, Relaxed);
+                    crate::metrics::done(Some(cx), &self.ident.metrics, done);
+                }
                 Err(TaskError::Panicked(p)) => {
-                    trace::handler_panicked(cx.index, p);
+                    trace::handler_panicked(&self.ident.name, cx.index, p);
                     counters
                         .panicked
-                        .store(counters.panicked.load(Relaxed) + 1, Relaxed)
+                        .store(counters.panicked.load(Relaxed) + 1, Relaxed);
+                    crate::metrics::panicked(Some(cx), &self.ident.metrics);
                 }
                 Err(_) => {}
             }
@@ -1216,6 +1235,7 @@ where
     }
 
     pub(crate) fn cancelled(&self, worker: usize) {
+        self.ident.metrics.cancelled();
         self.shared.workers[worker]
             .counters
             .cancelled
@@ -1229,7 +1249,8 @@ where
         K: Clone,
     {
         let Envelope { msg, reply, held } = env;
-        trace::message_rejected(reply.is_some());
+        trace::message_rejected(&self.ident.name, reply.is_some());
+        self.ident.metrics.rejected();
         self.shared.rejected.fetch_add(1, Relaxed);
         // Given back first so a caller that sees the rejection sees the
         // unit back.
@@ -1295,7 +1316,7 @@ where
         for port in self.ports.iter() {
             // Take everything out under the gate (which waits for a worker
             // in the middle of a delivery); reject it after, outside.
-            let stopped: Vec<Stopped<K, M, H, S>> = {
+            let (stopped, mailboxes): (Vec<Stopped<K, M, H, S>>, usize) = {
                 let mut gate = port.gate.lock();
                 gate.closed = true;
                 port.closed.store(true, SeqCst);
@@ -1304,13 +1325,16 @@ where
                 // SAFETY: we hold the gate: the only consumer.
                 let mut out: Vec<_> = std::mem::take(&mut gate.deferred)
                     .into_iter()
+                    .map(|(d, _)| d)
                     .chain(std::iter::from_fn(|| unsafe { port.inbox.pop() }))
                     .map(Stopped::Delivery)
                     .collect();
                 port.deferred.store(false, Relaxed);
+                let mailboxes = gate.active.len();
                 out.extend(gate.active.drain().map(|(_, m)| Stopped::Mailbox(m)));
-                out
+                (out, mailboxes)
             };
+            self.ident.metrics.mailboxes_removed(mailboxes);
             for s in stopped {
                 match s {
                     Stopped::Delivery(d) => {
@@ -1367,6 +1391,8 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     /// Frees its spare mailboxes (it is leaving the registry).
     fn release_spares(&self);
     fn id(&self) -> u64;
+    /// Its name and metrics handles.
+    fn ident(&self) -> &Identity;
     fn clone_box(&self) -> Box<dyn StopTarget>;
 }
 
@@ -1401,6 +1427,10 @@ where
 
     fn id(&self) -> u64 {
         self.0.id
+    }
+
+    fn ident(&self) -> &Identity {
+        &self.0.ident
     }
 
     fn clone_box(&self) -> Box<dyn StopTarget> {
@@ -1469,6 +1499,10 @@ where
 
     fn shared(&self) -> &Arc<Shared> {
         &self.0.shared
+    }
+
+    fn ident(&self) -> &Identity {
+        &self.0.ident
     }
 
     fn clone_box(&self) -> Box<dyn Core<K, M, H::Output>> {
@@ -1553,6 +1587,29 @@ impl<K, M, O> Dispatcher<K, M, O> {
         self.receiver_builder().max_in_flight(max_in_flight).build()
     }
 
+    /// A new receiver like [`receiver`](Self::receiver), whose
+    /// `keyed_executor_in_flight` series (with the `metrics` feature) is
+    /// labelled `receiver = name` instead of its number in this dispatcher
+    /// (`"0"`, `"1"`, …); the same as
+    /// `receiver_builder().max_in_flight(max_in_flight).name(name).build()`
+    /// (see [`ReceiverBuilder::name`]). Name the receivers of sources that
+    /// come and go (a partition revoked and assigned again): the series is
+    /// then reused rather than a new one made each time. Without the
+    /// feature the name is not kept.
+    ///
+    /// # Errors
+    /// As for [`receiver`](Self::receiver).
+    pub fn named_receiver(
+        &self,
+        name: impl Into<String>,
+        max_in_flight: usize,
+    ) -> Result<Receiver<K, M, O>, ConfigError> {
+        self.receiver_builder()
+            .max_in_flight(max_in_flight)
+            .name(name)
+            .build()
+    }
+
     /// A new receiver with the default `max_in_flight`
     /// ([`DEFAULT_MAX_IN_FLIGHT`](crate::DEFAULT_MAX_IN_FLIGHT), 256).
     pub fn default_receiver(&self) -> Receiver<K, M, O> {
@@ -1561,9 +1618,16 @@ impl<K, M, O> Dispatcher<K, M, O> {
             .expect("the defaults are valid")
     }
 
-    /// Configures a new receiver: its credit and its commit span.
+    /// Configures a new receiver: its credit, its commit span and its
+    /// metrics label.
     pub fn receiver_builder(&self) -> ReceiverBuilder<K, M, O> {
         ReceiverBuilder::new(self.core.clone_box())
+    }
+
+    /// Its name ([`DispatcherBuilder::name`]; by default `dispatcher-{n}`,
+    /// `n` counting this executor's dispatchers from 1).
+    pub fn name(&self) -> &str {
+        &self.core.ident().name
     }
 
     /// Keys with work right now: a mailbox with messages queued, running,
@@ -1627,6 +1691,9 @@ impl<K, M, O> Dispatcher<K, M, O> {
         for s in &sources {
             s.stopper_leave();
         }
+        // As after the executor's force stop: the in-flight gauges show
+        // what the stop handed back.
+        shared.metrics.refresh_gauges();
     }
 }
 
@@ -1641,6 +1708,7 @@ impl<K, M, O> Clone for Dispatcher<K, M, O> {
 impl<K, M, O> fmt::Debug for Dispatcher<K, M, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Dispatcher")
+            .field("name", &self.name())
             .field("live_mailboxes", &self.live_mailboxes())
             .finish()
     }
@@ -1671,12 +1739,14 @@ pub struct DispatcherBuilder<'e, K, M, H, S = DefaultHashBuilder> {
     hasher: S,
     on_reject: Option<RejectHook<K, M>>,
     on_panic: Option<PanicHook<K>>,
+    name: Option<String>,
     _types: PhantomData<fn(K, M)>,
 }
 
 impl<K, M, H, S> fmt::Debug for DispatcherBuilder<'_, K, M, H, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DispatcherBuilder")
+            .field("name", &self.name)
             .field("on_reject", &self.on_reject.is_some())
             .field("on_panic", &self.on_panic.is_some())
             .finish_non_exhaustive()
@@ -1691,6 +1761,7 @@ impl<'e, K, M, H> DispatcherBuilder<'e, K, M, H, DefaultHashBuilder> {
             hasher: DefaultHashBuilder::new(),
             on_reject: None,
             on_panic: None,
+            name: None,
             _types: PhantomData,
         }
     }
@@ -1720,6 +1791,22 @@ where
         self
     }
 
+    /// The dispatcher's name, used in its metrics series (label
+    /// `dispatcher`, with the `metrics` feature), its tracing events (field
+    /// `dispatcher`), [`ExecutorStats::dispatchers`](crate::ExecutorStats::dispatchers),
+    /// [`WorkerStats::current_step`](crate::WorkerStats::current_step) and
+    /// slow-step reports. Default: `dispatcher-{n}`, `n` counting this
+    /// executor's dispatchers from 1.
+    ///
+    /// Any string is taken as it is (`build` cannot fail); names need not
+    /// be unique: dispatchers sharing a name share their series, which is
+    /// what a component re-created after a restart wants. Give names when
+    /// one process has several executors: their default names repeat.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// The hasher for keys (default: [`DefaultHashBuilder`], a fast hash
     /// seeded at random per dispatcher). For keys an adversary chooses and
     /// can probe, `std::hash::RandomState::new()` (SipHash) resists HashDoS
@@ -1735,6 +1822,7 @@ where
             hasher,
             on_reject: self.on_reject,
             on_panic: self.on_panic,
+            name: self.name,
             _types: PhantomData,
         }
     }
@@ -1775,6 +1863,7 @@ where
             on_panic: self.on_panic,
             handles: AtomicUsize::new(0),
             id,
+            ident: Identity::new(id, self.name),
             closed: AtomicBool::new(false),
         });
         let handle = CoreHandle::new(inner.clone());

@@ -50,9 +50,10 @@ use crate::error::ConfigError;
 use crate::pool::config::{Builder, Config};
 use crate::pool::dispatcher::{Dispatcher, DispatcherBuilder, StopTarget};
 use crate::pool::handler::Handler;
+use crate::pool::observe::Watch;
 use crate::pool::source::{PinnedSource, SourceRef};
 use crate::pool::spawn::Spawned;
-use crate::pool::stats::{ExecutorStats, WorkerState, WorkerStats};
+use crate::pool::stats::{DispatcherStats, ExecutorStats, WorkerState, WorkerStats};
 use crate::pool::task::Task;
 use crate::pool::worker::{self, Worker, EXITED, PARKED, RUNNING, SPINNING};
 use crate::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
@@ -91,6 +92,10 @@ pub(crate) struct Shared {
     sources: Mutex<Vec<SourceRef>>,
     /// Futures spawned through `futures_task::Spawn` (see `spawn.rs`).
     pub(crate) spawned: Spawned,
+    /// The slow-step watch and the clock's epoch (see `observe.rs`).
+    pub(crate) watch: Watch,
+    /// Metrics handles (zero-sized without the `metrics` feature).
+    pub(crate) metrics: crate::metrics::ExecutorMetrics,
 }
 
 impl Shared {
@@ -150,6 +155,12 @@ impl Shared {
         if let Some(i) = sources.iter().position(|s| *s == source) {
             sources.swap_remove(i);
         }
+        drop(sources);
+        self.metrics.source_gone(source);
+        // Its last unit came back with this: a graceful stop may be waiting
+        // for that (the path that frees the source does not call
+        // `Source::drained`).
+        self.wake_if_closed();
     }
 
     /// The worker for a new mailbox: a running one with nothing queued, else
@@ -244,6 +255,7 @@ impl Shared {
         drop(targets);
         let cancelled_spawned = self.spawned.force_cancel();
         trace::force_stopped(rejected, cancelled_spawned);
+        self.metrics.refresh_gauges();
         for i in 0..self.workers.len() {
             self.cancel_queue(i);
         }
@@ -341,11 +353,15 @@ impl Shared {
         }
     }
 
+    /// The registered dispatchers, cloned out of the registry.
+    pub(crate) fn targets(&self) -> Vec<Box<dyn StopTarget>> {
+        let reg = self.registry.lock();
+        reg.targets.iter().map(|t| t.clone_box()).collect()
+    }
+
     fn stats(&self) -> ExecutorStats {
-        let targets: Vec<Box<dyn StopTarget>> = {
-            let reg = self.registry.lock();
-            reg.targets.iter().map(|t| t.clone_box()).collect()
-        };
+        let targets = self.targets();
+        self.metrics.refresh_gauges();
         let workers: Vec<WorkerStats> = self
             .workers
             .iter()
@@ -367,13 +383,24 @@ impl Shared {
                     parks: c.parks.load(Relaxed),
                     unparks: c.unparks.load(Relaxed),
                     spin_hits: c.spin_hits.load(Relaxed),
+                    current_step: self.watch.current_step(self, i, &targets),
                 }
             })
             .collect();
-        let (live_mailboxes, idle_mailboxes) = targets.iter().fold((0, 0), |(l, i), t| {
-            let (live, idle, _) = t.count_mailboxes();
-            (l + live, i + idle)
-        });
+        let dispatchers: Vec<DispatcherStats> = targets
+            .iter()
+            .map(|t| {
+                let (live, idle, _) = t.count_mailboxes();
+                DispatcherStats {
+                    name: t.ident().name.to_string(),
+                    live_mailboxes: live,
+                    idle_mailboxes: idle,
+                    inbox: (0..self.workers.len()).map(|i| t.inbox_len(i)).sum(),
+                }
+            })
+            .collect();
+        let live_mailboxes = dispatchers.iter().map(|d| d.live_mailboxes).sum();
+        let idle_mailboxes = dispatchers.iter().map(|d| d.idle_mailboxes).sum();
         ExecutorStats {
             spawned: self.spawned.stats(),
             done: workers.iter().map(|w| w.done).sum(),
@@ -384,6 +411,7 @@ impl Shared {
             idle_mailboxes,
             closed: self.is_closed(),
             workers,
+            dispatchers,
         }
     }
 }
@@ -457,6 +485,8 @@ impl KeyedExecutor {
 
     pub(crate) fn start(config: Config) -> Result<Self, ConfigError> {
         let n = config.workers;
+        let watch = Watch::new(config.slow_step, n);
+        let metrics = crate::metrics::ExecutorMetrics::new(&config, watch.epoch());
         let shared = Arc::new(Shared {
             workers: (0..n).map(|_| Worker::new()).collect(),
             config,
@@ -477,6 +507,8 @@ impl KeyedExecutor {
             rejected: AtomicU64::new(0),
             sources: Mutex::new(Vec::new()),
             spawned: Spawned::new(),
+            watch,
+            metrics,
         });
         let executor = KeyedExecutor {
             shared: shared.clone(),

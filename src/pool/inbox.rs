@@ -47,6 +47,10 @@ pub(crate) const BLOCK_CAP: usize = 4;
 struct Slot<T> {
     value: UnsafeCell<MaybeUninit<T>>,
     ready: AtomicBool,
+    /// The value's metrics stamp, written with it: zero-sized without the
+    /// `metrics` feature, else 4 bytes that sit in the padding after
+    /// `ready` (a slot is no larger with it).
+    stamp: UnsafeCell<crate::metrics::Stamp>,
 }
 
 struct Block<T, const CAP: usize> {
@@ -61,6 +65,7 @@ impl<T, const CAP: usize> Block<T, CAP> {
             slots: std::array::from_fn(|_| Slot {
                 value: UnsafeCell::new(MaybeUninit::uninit()),
                 ready: AtomicBool::new(false),
+                stamp: UnsafeCell::new(crate::metrics::Stamp::NONE),
             }),
         })
     }
@@ -136,10 +141,19 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         }
     }
 
-    /// Appends `value` (any thread).
+    /// Appends `value` (any thread). (The dispatcher pushes with
+    /// [`push_stamped`](Self::push_stamped); the loom models and the unit
+    /// tests push plain values.)
     #[allow(unreachable_pub)]
+    #[cfg_attr(not(any(test, loom)), allow(dead_code))]
     #[inline]
     pub fn push(&self, value: T) {
+        self.push_stamped(value, crate::metrics::Stamp::NONE);
+    }
+
+    /// Appends `value` with its metrics stamp (any thread).
+    #[inline]
+    pub(crate) fn push_stamped(&self, value: T, stamp: crate::metrics::Stamp) {
         let mut spare: Option<*mut Block<T, CAP>> = None;
         let mut index = self.tail.index.load(Acquire);
         loop {
@@ -179,6 +193,7 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
                     unsafe {
                         let slot = &(*block).slots[offset];
                         slot.value.with_mut(|p| (*p).write(value));
+                        slot.stamp.with_mut(|p| *p = stamp);
                         slot.ready.store(true, Release);
                     }
                     if let Some(unused) = spare {
@@ -220,6 +235,16 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
     #[allow(unreachable_pub)]
     #[inline]
     pub unsafe fn pop(&self) -> Option<T> {
+        // SAFETY: our caller's contract.
+        unsafe { self.pop_stamped() }.map(|(value, _)| value)
+    }
+
+    /// [`pop`](Self::pop), with the value's metrics stamp.
+    ///
+    /// # Safety
+    /// As for `pop`.
+    #[inline]
+    pub(crate) unsafe fn pop_stamped(&self) -> Option<(T, crate::metrics::Stamp)> {
         let index = self.head.index.load(Relaxed);
         let offset = index % Self::LAP;
         debug_assert!(offset < CAP, "head never rests on the marker");
@@ -232,6 +257,8 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         }
         // SAFETY: the slot is ready (written, acquired) and read once.
         let value = slot.value.with(|p| unsafe { (*p).assume_init_read() });
+        // SAFETY: written before `ready`, as the value.
+        let stamp = slot.stamp.with(|p| unsafe { *p });
         if offset + 1 == CAP {
             // SAFETY: the producer of this slot linked `next` before it
             // set `ready` (acquired above).
@@ -246,7 +273,7 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         } else {
             self.head.index.store(index + 1, Release);
         }
-        Some(value)
+        Some((value, stamp))
     }
 
     /// Whether the oldest value has been written (so [`pop`](Self::pop)
@@ -298,6 +325,13 @@ impl<T, const CAP: usize> Drop for Inbox<T, CAP> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn the_metrics_stamp_costs_a_slot_no_space() {
+        // A delivery of 8-byte key and message is 40 bytes; its slot is 48
+        // with or without the `metrics` feature's stamp (in the padding).
+        assert_eq!(std::mem::size_of::<Slot<[u64; 5]>>(), 48);
+    }
 
     #[test]
     fn fifo_across_blocks_and_drop_frees_the_rest() {

@@ -96,6 +96,7 @@ use crate::completion::{Outcome, Slot};
 use crate::error::{Panic, TaskError};
 use crate::pool::dispatcher::DispatcherInner;
 use crate::pool::handler::Handler;
+use crate::pool::observe::StepToken;
 use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};
@@ -148,10 +149,21 @@ impl Held {
     }
 }
 
+/// A message's metrics stamp: its acceptance time if the metrics sample it
+/// (zero-sized without the `metrics` feature). It travels beside the
+/// envelope (in the inbox slot's padding, then the mailbox queue), not in
+/// it: a bigger envelope makes every delivery bigger.
+pub(crate) type Stamp = crate::metrics::Stamp;
+
+/// A queued message and its stamp.
+type Queued<M, O> = (Envelope<M, O>, Stamp);
+
 /// Where the running message's outcome goes.
 struct Meta<O, M> {
     reply: Option<Arc<Slot<O, M>>>,
     held: Held,
+    /// Its first poll, if the metrics sample it.
+    run: crate::metrics::RunStart,
 }
 
 /// What a step of the current message ended with.
@@ -165,7 +177,7 @@ pub(crate) enum Step {
 
 /// What the runner found when it asked for the next message.
 enum Next<M, O> {
-    Message(Envelope<M, O>),
+    Message(Envelope<M, O>, Stamp),
     /// A message of a stopped source: handed back, not started.
     Stopped(Envelope<M, O>),
     /// The queue was empty.
@@ -203,7 +215,7 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     /// future returns `Pending`; a message finished in its first poll keeps
     /// it on the stack).
     meta: UnsafeCell<Option<Meta<H::Output, M>>>,
-    queue: SpinLock<VecDeque<Envelope<M, H::Output>>>,
+    queue: SpinLock<VecDeque<Queued<M, H::Output>>>,
     /// The key's hash (its submitter's); written with `key`.
     hash: UnsafeCell<u64>,
     /// The worker whose port lends this mailbox (sticky).
@@ -319,8 +331,8 @@ where
     ///
     /// # Safety
     /// As for [`lend`](Self::lend).
-    pub(crate) unsafe fn schedule_with(&self, env: Envelope<M, H::Output>) {
-        self.queue.lock().push_back(env);
+    pub(crate) unsafe fn schedule_with(&self, env: Envelope<M, H::Output>, stamp: Stamp) {
+        self.queue.lock().push_back((env, stamp));
         overwrite(&self.state, SCHEDULED);
     }
 
@@ -346,12 +358,13 @@ where
     pub(crate) fn deliver(
         &self,
         env: Envelope<M, H::Output>,
+        stamp: Stamp,
     ) -> Result<(), Envelope<M, H::Output>> {
         let mut q = self.queue.lock();
         if self.is_closed() {
             return Err(env);
         }
-        q.push_back(env);
+        q.push_back((env, stamp));
         Ok(())
     }
 
@@ -363,16 +376,16 @@ where
         stopped: &dyn Fn(SourceRef) -> bool,
     ) -> Vec<Envelope<M, H::Output>> {
         let mut q = self.queue.lock();
-        if !q.iter().any(|e| stopped(e.held.source)) {
+        if !q.iter().any(|(e, _)| stopped(e.held.source)) {
             return Vec::new();
         }
         let mut out = Vec::new();
         let all = std::mem::take(&mut *q);
-        for e in all {
+        for (e, stamp) in all {
             if stopped(e.held.source) {
                 out.push(e);
             } else {
-                q.push_back(e);
+                q.push_back((e, stamp));
             }
         }
         out
@@ -384,7 +397,7 @@ where
     pub(crate) fn force_stop(&self) -> usize {
         let queued = std::mem::take(&mut *self.queue.lock());
         let n = queued.len();
-        for env in queued {
+        for (env, _) in queued {
             // SAFETY: a mailbox in a map has a key, and nobody takes it
             // while the mailbox is out of the map and not free.
             self.dispatcher.reject(unsafe { self.key() }, env);
@@ -422,6 +435,29 @@ where
     pub(crate) unsafe fn start(
         this: &Arc<Self>,
         env: Envelope<M, H::Output>,
+        stamp: Stamp,
+        cx: &WorkerCx<'_>,
+    ) -> Step {
+        // One branch when nothing is measured (no slow-step threshold, the
+        // message not sampled): that copy has no step hooks at all.
+        if cx.watching() || stamp.sampled() {
+            // SAFETY: our caller's contract.
+            unsafe { Self::start_in::<true>(this, env, stamp, cx) }
+        } else {
+            // SAFETY: our caller's contract.
+            unsafe { Self::start_in::<false>(this, env, stamp, cx) }
+        }
+    }
+
+    /// [`start`](Self::start), with its step measured (`MEASURED`) or not.
+    ///
+    /// # Safety
+    /// As for `start`.
+    #[inline(always)]
+    unsafe fn start_in<const MEASURED: bool>(
+        this: &Arc<Self>,
+        env: Envelope<M, H::Output>,
+        stamp: Stamp,
         cx: &WorkerCx<'_>,
     ) -> Step {
         let Envelope {
@@ -434,7 +470,15 @@ where
         // SAFETY: we own the turn, a key is set (caller's contract).
         let key = unsafe { this.key() };
         // SAFETY: as above.
-        let span = trace::MessageSpan::new(unsafe { this.hash() }, cx.index);
+        let hash = unsafe { this.hash() };
+        let ident = &this.dispatcher.ident;
+        let step = if MEASURED {
+            cx.step_begin(ident, hash, stamp.sampled())
+        } else {
+            StepToken::NONE
+        };
+        let run = ident.metrics.first_poll(&stamp, step.started());
+        let span = trace::MessageSpan::new(&ident.name, hash, cx.index);
         cx.enter_handler(held.source, held.unit, held.passed);
         let called = catch_unwind(AssertUnwindSafe(|| {
             let _entered = span.enter();
@@ -451,8 +495,12 @@ where
                     match polled {
                         Poll::Ready(outcome) => outcome,
                         Poll::Pending => {
-                            this.meta
-                                .with_mut(|m| ptr::write(m, Some(Meta { reply, held })));
+                            if MEASURED {
+                                let ended = cx.step_end(ident, hash, step);
+                                ident.metrics.polled(&run, step.started(), ended, false);
+                            }
+                            let meta = Meta { reply, held, run };
+                            this.meta.with_mut(|m| ptr::write(m, Some(meta)));
                             return Step::Pending;
                         }
                     }
@@ -464,6 +512,10 @@ where
             }
         };
         this.dispatcher.finish(key, reply, held, Some(cx), outcome);
+        if MEASURED {
+            let ended = cx.step_end(ident, hash, step);
+            ident.metrics.polled(&run, step.started(), ended, true);
+        }
         Step::Done
     }
 
@@ -474,9 +526,14 @@ where
     /// The caller owns the mailbox's turn; a future and its `meta` are
     /// stored.
     unsafe fn poll_current(this: &Arc<Self>, wcx: &WorkerCx<'_>) -> Step {
+        let ident = &this.dispatcher.ident;
+        // SAFETY: we own the turn; a mailbox with a future has a key.
+        let hash = unsafe { this.hash() };
         // SAFETY: we own the turn (caller's contract): `meta` is ours.
-        let held = unsafe { this.current() }.expect("meta is stored");
+        let (held, run) = unsafe { this.meta.with(|m| (*m).as_ref().map(|m| (m.held, m.run))) }
+            .expect("meta is stored");
         wcx.before_start(held.unit.source());
+        let step = wcx.step_begin(ident, hash, run.sampled());
         wcx.enter_handler(held.source, held.unit, held.passed);
         // SAFETY: caller's contract.
         let polled = unsafe { Self::poll_in_place(this) };
@@ -491,6 +548,8 @@ where
                     }
                 })
             };
+            let ended = wcx.step_end(ident, hash, step);
+            ident.metrics.polled(&run, step.started(), ended, false);
             return Step::Pending;
         };
         // SAFETY: we own the turn.
@@ -504,6 +563,8 @@ where
             Some(wcx),
             outcome,
         );
+        let ended = wcx.step_end(ident, hash, step);
+        ident.metrics.polled(&run, step.started(), ended, true);
         Step::Done
     }
 
@@ -614,11 +675,11 @@ where
                 return;
             }
             match this.next() {
-                Next::Message(env) => {
+                Next::Message(env, stamp) => {
                     budget -= 1;
                     // SAFETY: we own the turn, a key is set (the mailbox is
                     // in its port's map) and no future is stored.
-                    match unsafe { Self::start(&this, env, cx) } {
+                    match unsafe { Self::start(&this, env, stamp, cx) } {
                         Step::Done => {}
                         Step::Pending => return Self::after_pending(this, cx),
                     }
@@ -683,8 +744,8 @@ where
             return Next::Forced;
         }
         match q.pop_front() {
-            Some(env) if env.held.source.get().is_stopped() => Next::Stopped(env),
-            Some(env) => Next::Message(env),
+            Some((env, _)) if env.held.source.get().is_stopped() => Next::Stopped(env),
+            Some((env, stamp)) => Next::Message(env, stamp),
             None => Next::Empty,
         }
     }

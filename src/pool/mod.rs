@@ -28,6 +28,7 @@ pub(crate) mod executor;
 pub mod handler;
 pub(crate) mod inbox;
 pub(crate) mod mailbox;
+pub(crate) mod observe;
 pub(crate) mod receiver;
 pub(crate) mod source;
 pub(crate) mod spawn;

@@ -35,6 +35,7 @@ use crate::completion::{Completion, Slot};
 use crate::error::{ConfigError, SubmitError};
 use crate::pool::executor::Shared;
 use crate::pool::mailbox::{Envelope, Held};
+use crate::pool::observe::Identity;
 use crate::pool::source::{
     wait_all_drained, Acquire, Settings, SourceHandle, SourceRef, UnitRef, MAX_CREDIT, MAX_SPAN,
 };
@@ -62,6 +63,8 @@ pub(crate) trait Core<K, M, O>: Send + Sync {
     fn is_closed(&self) -> bool;
     fn live_mailboxes(&self) -> usize;
     fn shared(&self) -> &Arc<Shared>;
+    /// The dispatcher's name and metrics handles.
+    fn ident(&self) -> &Identity;
     /// The dispatcher's id.
     fn id(&self) -> u64;
     /// The dispatcher refuses new messages from now on (its own stop).
@@ -192,6 +195,8 @@ pub(super) enum Unit {
 pub struct Receiver<K, M, O> {
     pub(super) core: Box<dyn Core<K, M, O>>,
     pub(super) source: SourceHandle,
+    /// Counts refusals (zero-sized without the `metrics` feature).
+    pub(super) metrics: crate::metrics::ReceiverMetrics,
 }
 
 /// Builds a [`Receiver`]: its credit and its commit span. Made by
@@ -215,6 +220,7 @@ pub struct ReceiverBuilder<K, M, O> {
     core: Box<dyn Core<K, M, O>>,
     max_in_flight: usize,
     commit_span: Option<usize>,
+    name: Option<String>,
 }
 
 impl<K, M, O> ReceiverBuilder<K, M, O> {
@@ -223,6 +229,7 @@ impl<K, M, O> ReceiverBuilder<K, M, O> {
             core,
             max_in_flight: crate::DEFAULT_MAX_IN_FLIGHT,
             commit_span: None,
+            name: None,
         }
     }
 
@@ -247,6 +254,17 @@ impl<K, M, O> ReceiverBuilder<K, M, O> {
     /// are not held by the cap (a handler never waits).
     pub fn commit_span(mut self, n: usize) -> Self {
         self.commit_span = Some(n);
+        self
+    }
+
+    /// Its `receiver` label in the `keyed_executor_in_flight` series (with
+    /// the `metrics` feature) instead of its number in its dispatcher
+    /// (`"0"`, `"1"`, …). Name the receivers of sources that come and go
+    /// (a partition revoked and assigned again): the series is then reused
+    /// rather than a new one made each time. Without the feature the name
+    /// is not kept.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -279,7 +297,7 @@ impl<K, M, O> ReceiverBuilder<K, M, O> {
                 .saturating_mul(DEFAULT_COMMIT_SPAN_FACTOR)
                 .clamp(MIN_DEFAULT_COMMIT_SPAN, MAX_SPAN),
         };
-        Ok(Receiver::new(self.core, max, span))
+        Ok(Receiver::new(self.core, max, span, self.name))
     }
 }
 
@@ -288,12 +306,19 @@ impl<K, M, O> fmt::Debug for ReceiverBuilder<K, M, O> {
         f.debug_struct("ReceiverBuilder")
             .field("max_in_flight", &self.max_in_flight)
             .field("commit_span", &self.commit_span)
+            .field("name", &self.name)
             .finish()
     }
 }
 
 impl<K, M, O> Receiver<K, M, O> {
-    pub(crate) fn new(core: Box<dyn Core<K, M, O>>, max_in_flight: usize, span: usize) -> Self {
+    /// `label`: its `receiver` label in the metrics (default: its number).
+    pub(crate) fn new(
+        core: Box<dyn Core<K, M, O>>,
+        max_in_flight: usize,
+        span: usize,
+        label: Option<String>,
+    ) -> Self {
         let settings = Settings {
             max_in_flight,
             span: span.max(max_in_flight),
@@ -301,7 +326,22 @@ impl<K, M, O> Receiver<K, M, O> {
             dispatcher: core.id(),
         };
         let source = SourceHandle::new(settings, Some(core.shared().clone()));
-        Receiver { core, source }
+        let metrics = crate::metrics::ReceiverMetrics::new(&core.ident().metrics);
+        core.shared()
+            .metrics
+            .source_created(source.as_ref(), &core.ident().metrics, label);
+        Receiver {
+            core,
+            source,
+            metrics,
+        }
+    }
+
+    /// Counts a refused message (`Full` or `Closed`) and hands the error on.
+    #[inline]
+    fn refused(&self, e: SubmitError<M>) -> SubmitError<M> {
+        self.metrics.refused();
+        e
     }
 
     /// The most unfinished messages this receiver holds.
@@ -405,6 +445,9 @@ impl<K, M, O> Receiver<K, M, O> {
             wait_all_drained(&[source], None, true);
         }
         source.stopper_leave();
+        // As after the executor's force stop: the in-flight gauges show
+        // what the stop handed back.
+        self.core.shared().metrics.refresh_gauges();
     }
 
     /// A handle to this receiver that keeps nothing alive: neither its
@@ -448,7 +491,7 @@ impl<K, M, O> Receiver<K, M, O> {
     pub fn submit_blocking(&self, key: K, message: M) -> Result<Completion<O, M>, SubmitError<M>> {
         let unit = match self.unit_blocking() {
             Ok(unit) => unit,
-            Err(refused) => return Err(refused.with(message)),
+            Err(refused) => return Err(self.refused(refused.with(message))),
         };
         self.enqueue(key, message, true, unit)
             .map(|(p, c)| Completion::new(c.expect("reply requested"), p))
@@ -463,7 +506,7 @@ impl<K, M, O> Receiver<K, M, O> {
     pub fn try_submit(&self, key: K, message: M) -> Result<Completion<O, M>, SubmitError<M>> {
         let unit = match self.unit_now() {
             Ok(unit) => unit,
-            Err(refused) => return Err(refused.with(message)),
+            Err(refused) => return Err(self.refused(refused.with(message))),
         };
         self.enqueue(key, message, true, unit)
             .map(|(p, c)| Completion::new(c.expect("reply requested"), p))
@@ -479,7 +522,7 @@ impl<K, M, O> Receiver<K, M, O> {
     pub fn send(&self, key: K, message: M) -> Result<u64, SubmitError<M>> {
         let unit = match self.unit_blocking() {
             Ok(unit) => unit,
-            Err(refused) => return Err(refused.with(message)),
+            Err(refused) => return Err(self.refused(refused.with(message))),
         };
         self.enqueue(key, message, false, unit).map(|(p, _)| p)
     }
@@ -492,7 +535,7 @@ impl<K, M, O> Receiver<K, M, O> {
     pub fn try_send(&self, key: K, message: M) -> Result<u64, SubmitError<M>> {
         let unit = match self.unit_now() {
             Ok(unit) => unit,
-            Err(refused) => return Err(refused.with(message)),
+            Err(refused) => return Err(self.refused(refused.with(message))),
         };
         self.enqueue(key, message, false, unit).map(|(p, _)| p)
     }
@@ -604,7 +647,7 @@ impl<K, M, O> Receiver<K, M, O> {
             Ok(position) => Ok((position, slot)),
             Err(env) => {
                 give_back(me, unit);
-                Err(SubmitError::Closed(env.msg))
+                Err(self.refused(SubmitError::Closed(env.msg)))
             }
         }
     }
@@ -645,6 +688,7 @@ impl<K, M, O> Clone for Receiver<K, M, O> {
         Receiver {
             core: self.core.clone_box(),
             source: self.source.clone(),
+            metrics: crate::metrics::ReceiverMetrics::new(&self.core.ident().metrics),
         }
     }
 }
@@ -707,9 +751,12 @@ pub struct WeakReceiver<K, M, O> {
 impl<K, M, O> WeakReceiver<K, M, O> {
     /// The receiver, while its dispatcher has a strong handle.
     pub fn upgrade(&self) -> Option<Receiver<K, M, O>> {
+        let core = self.core.upgrade()?;
+        let metrics = crate::metrics::ReceiverMetrics::new(&core.ident().metrics);
         Some(Receiver {
-            core: self.core.upgrade()?,
+            core,
             source: self.source.clone(),
+            metrics,
         })
     }
 }
@@ -763,7 +810,7 @@ impl<K, M, O> SubmitFuture<'_, K, M, O> {
         let (key, msg) = self.item.take().expect("checked");
         Poll::Ready(match unit {
             Ok(unit) => r.enqueue(key, msg, reply, unit),
-            Err(refused) => Err(refused.with(msg)),
+            Err(refused) => Err(r.refused(refused.with(msg))),
         })
     }
 }

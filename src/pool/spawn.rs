@@ -321,6 +321,7 @@ impl Runnable for SpawnTask {
             let future = unsafe { (*f).as_mut() }.expect("a scheduled task has its future");
             catch_unwind(AssertUnwindSafe(|| Pin::new(future).poll(&mut task_cx)))
         });
+        cx.step_break();
         let end = match polled {
             Ok(Poll::Pending) => return Self::after_pending(this, cx),
             Ok(Poll::Ready(())) => End::Done,

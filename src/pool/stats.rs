@@ -1,5 +1,7 @@
 //! Snapshots of the executor's counters, for tests and users' metrics.
 
+use std::time::Duration;
+
 /// What a worker was doing when the snapshot was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerState {
@@ -40,6 +42,37 @@ pub struct WorkerStats {
     pub unparks: u64,
     /// Spins that found work before parking.
     pub spin_hits: u64,
+    /// The handler step it is running now, and for how long. Only watched
+    /// when the executor has a [`slow_step`](crate::Builder::slow_step)
+    /// threshold (`None` otherwise, and between steps). Reading it
+    /// reports the step if it already overran the threshold.
+    pub current_step: Option<CurrentStep>,
+}
+
+/// A handler step running on a worker (see [`WorkerStats::current_step`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CurrentStep {
+    /// The dispatcher's [name](crate::DispatcherBuilder::name).
+    pub dispatcher: String,
+    /// The key's hash (as in [`SlowStep::key_hash`](crate::SlowStep::key_hash)).
+    pub key_hash: u64,
+    /// How long it has been running.
+    pub running_for: Duration,
+}
+
+/// One dispatcher's part of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DispatcherStats {
+    /// Its [name](crate::DispatcherBuilder::name).
+    pub name: String,
+    /// Keys with work in a mailbox (see [`ExecutorStats::live_mailboxes`]).
+    pub live_mailboxes: usize,
+    /// Free mailboxes kept for reuse.
+    pub idle_mailboxes: usize,
+    /// Messages in its inboxes, not yet taken into their keys' mailboxes.
+    pub inbox: usize,
 }
 
 /// A snapshot of a [`KeyedExecutor`](crate::KeyedExecutor).
@@ -67,6 +100,9 @@ pub struct ExecutorStats {
     pub spawned: SpawnedStats,
     /// Whether a stop began.
     pub closed: bool,
+    /// Per dispatcher that is registered (alive, or with work in flight),
+    /// in creation order.
+    pub dispatchers: Vec<DispatcherStats>,
 }
 
 /// Counters of the futures spawned on a [`KeyedExecutor`](crate::KeyedExecutor)

@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 
 use crate::pool::executor::Shared;
+use crate::pool::observe::StepLocal;
 use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::Task;
 use crate::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
@@ -134,6 +135,11 @@ pub(crate) struct WorkerCx<'a> {
     ticks: Cell<u32>,
     /// Inside a port's turn (see [`port_turn`](Self::port_turn)).
     in_port: Cell<bool>,
+    /// This worker's side of the slow-step watch (see `observe.rs`).
+    pub(crate) steps: StepLocal,
+    /// Counts not yet added to the metrics handles (zero-sized without the
+    /// `metrics` feature).
+    pub(crate) metrics: crate::metrics::WorkerLocal,
     /// The message whose handler runs now (see [`Running`]).
     running: Cell<Running>,
 }
@@ -453,6 +459,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         pending: Cell::new(None),
         ticks: Cell::new(0),
         in_port: Cell::new(false),
+        steps: StepLocal::new(&shared.watch),
+        metrics: crate::metrics::WorkerLocal::new(),
         running: Cell::new(Running::Nothing),
     };
     CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
@@ -465,6 +473,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             } else {
                 task.run(&cx);
             }
+            cx.metrics.after_task(&cx);
         }
         // Out of work: give back held-back credit before waiting.
         cx.flush_credit();
@@ -473,6 +482,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             break;
         }
         let idle_since = Instant::now();
+        cx.step_idle(idle_since);
         if !spin.is_zero() && last_wait < spin {
             if spin_for_work(&shared, me, spin, idle_since, st) {
                 me.counters.spin_hits.fetch_add(1, Relaxed);
@@ -489,19 +499,24 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // Park: announce, then re-check everything a waker would publish:
         // a push, a stop, and (during a graceful stop) the retirement of the
         // last mailbox, whose retirer wakes only workers it sees parked.
+        cx.metrics.flush(&cx);
+        shared.metrics.parking();
         me.state.swap(PARKED, SeqCst);
         fence(SeqCst);
         if !me.queue.is_empty() || shared.state() != st || shared.should_exit(st) {
             // Cancel the park. If a waker already flipped us to RUNNING it
             // also unparked us: the stale token only costs a spurious wake.
             let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
+            shared.metrics.unparked();
             continue;
         }
         me.counters.parks.fetch_add(1, Relaxed);
         park(me);
+        shared.metrics.unparked();
         last_wait = idle_since.elapsed();
     }
     cx.flush_credit();
+    cx.metrics.flush(&cx);
     // Forced stop: cancel whatever was queued or pushed meanwhile.
     while let Some(task) = cx.next_task() {
         task.cancel();
