@@ -335,12 +335,7 @@ impl<K, M, O> Receiver<K, M, O> {
                 let env = Envelope {
                     msg,
                     reply: None,
-                    held: Held {
-                        source: me,
-                        position: 0,
-                        unit: UnitRef::Plain(me),
-                        passed: false,
-                    },
+                    held: Held::new(me, UnitRef::plain(me)),
                 };
                 (key, env)
             })
@@ -375,12 +370,7 @@ impl<K, M, O> Receiver<K, M, O> {
         let env = Envelope {
             msg,
             reply: None,
-            held: Held {
-                source: me,
-                position: 0,
-                unit: share,
-                passed: false,
-            },
+            held: Held::new(me, share),
         };
         /// Gives the share back if the key's `Hash` panics.
         struct Unwind(crate::pool::source::SourceRef, UnitRef);

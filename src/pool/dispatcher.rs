@@ -577,12 +577,13 @@ where
         // The key's `Hash` is user code: a panic here reaches the submitter
         // (whose credit unit is given back by the receiver).
         let hash = this.hasher.hash_one(&key);
-        let source = env.held.source.get();
+        let source_ref = env.held.source;
+        let source = source_ref.get();
         if source.is_closed() || this.refuses() {
             return Err(env);
         }
         let position = source.take_position();
-        env.held.position = position;
+        env.held.set_position(position);
         if source.is_closed() || this.refuses() {
             source.record(source.other_row(), position, Ended::Returned);
             return Err(env);
@@ -662,7 +663,7 @@ where
         // Ports touched, in first-touch order.
         let mut touched: Vec<usize> = Vec::new();
         for (i, ((key, mut env), hash)) in batch.into_iter().zip(hashes).enumerate() {
-            env.held.position = start + i as u64;
+            env.held.set_position(start + i as u64);
             let b = this.bucket_of(hash);
             let word = this.routes[b].fetch_add(1, SeqCst);
             let worker = match worker_of(word) {
@@ -831,7 +832,7 @@ where
             Some(cx) => cx.index,
             None => source.other_row(),
         };
-        source.record(row, held.position, ended);
+        source.record(row, held.position(), ended);
         // SAFETY: the message held this unit (or share) until now.
         if let Some(unit) = unsafe { held.unit.leave() } {
             match cx {

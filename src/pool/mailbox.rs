@@ -130,22 +130,63 @@ pub(crate) struct Envelope<M, O> {
 /// a plain unit of `source`, and by a pin (a handle count) otherwise — when
 /// it holds a share of a unit (a follow-up, or a message that passed its
 /// unit on; see `receiver.rs`).
+///
+/// 24 bytes: a delivery's size is paid on every message (inbox slots,
+/// mailbox queues), so the flag that the message passed its unit on lives
+/// in the position's top bit, and the unit is one word (see `UnitRef`).
 #[derive(Clone, Copy)]
 pub(crate) struct Held {
     /// The receiver that accepted it (its positions, its stop).
     pub(crate) source: SourceRef,
-    pub(crate) position: u64,
+    /// Its position, and [`PASSED`](Self::PASSED) in the top bit.
+    pos: u64,
     /// The unit of credit it gives back (or leaves) when it ends.
     pub(crate) unit: UnitRef,
-    /// It passed its unit on to a follow-up (at most once).
-    pub(crate) passed: bool,
 }
 
 impl Held {
+    /// It passed its unit on to a follow-up (at most once).
+    const PASSED: u64 = 1 << 63;
+
+    /// A message of `source` holding `unit`, before it has a position.
+    #[inline]
+    pub(crate) fn new(source: SourceRef, unit: UnitRef) -> Self {
+        Held {
+            source,
+            pos: 0,
+            unit,
+        }
+    }
+
+    /// Its position in its source.
+    #[inline]
+    pub(crate) fn position(&self) -> u64 {
+        self.pos & !Self::PASSED
+    }
+
+    #[inline]
+    pub(crate) fn set_position(&mut self, position: u64) {
+        debug_assert!(position < Self::PASSED);
+        self.pos = position | (self.pos & Self::PASSED);
+    }
+
+    /// Whether it passed its unit on to a follow-up.
+    #[inline]
+    pub(crate) fn passed(&self) -> bool {
+        self.pos & Self::PASSED != 0
+    }
+
+    /// What a handler's run left it holding.
+    #[inline]
+    pub(crate) fn set_unit(&mut self, (unit, passed): (UnitRef, bool)) {
+        self.unit = unit;
+        self.pos = self.position() | if passed { Self::PASSED } else { 0 };
+    }
+
     /// Whether it pins `source` (see the invariant).
     #[inline]
     pub(crate) fn pinned(&self) -> bool {
-        self.unit != UnitRef::Plain(self.source)
+        self.unit != UnitRef::plain(self.source)
     }
 }
 
@@ -479,7 +520,7 @@ where
         };
         let run = ident.metrics.first_poll(&stamp, step.started());
         let span = trace::MessageSpan::new(&ident.name, hash, cx.index);
-        cx.enter_handler(held.source, held.unit, held.passed);
+        cx.enter_handler(held.source, held.unit, held.passed());
         let called = catch_unwind(AssertUnwindSafe(|| {
             let _entered = span.enter();
             handler.call(key, msg)
@@ -491,7 +532,7 @@ where
                 unsafe {
                     this.future.with_mut(|f| ptr::write(f, Some(fut)));
                     let polled = Self::poll_in_place(this);
-                    (held.unit, held.passed) = cx.leave_handler();
+                    held.set_unit(cx.leave_handler());
                     match polled {
                         Poll::Ready(outcome) => outcome,
                         Poll::Pending => {
@@ -507,7 +548,7 @@ where
                 }
             }
             Err(payload) => {
-                (held.unit, held.passed) = cx.leave_handler();
+                held.set_unit(cx.leave_handler());
                 Err(TaskError::Panicked(Panic::new(payload)))
             }
         };
@@ -534,7 +575,7 @@ where
             .expect("meta is stored");
         wcx.before_start(held.unit.source());
         let step = wcx.step_begin(ident, hash, run.sampled());
-        wcx.enter_handler(held.source, held.unit, held.passed);
+        wcx.enter_handler(held.source, held.unit, held.passed());
         // SAFETY: caller's contract.
         let polled = unsafe { Self::poll_in_place(this) };
         let (unit, passed) = wcx.leave_handler();
@@ -544,7 +585,7 @@ where
             unsafe {
                 this.meta.with_mut(|m| {
                     if let Some(m) = (*m).as_mut() {
-                        (m.held.unit, m.held.passed) = (unit, passed);
+                        m.held.set_unit((unit, passed));
                     }
                 })
             };
@@ -554,7 +595,7 @@ where
         };
         // SAFETY: we own the turn.
         let mut meta = unsafe { this.meta.with_mut(|m| (*m).take()) }.expect("meta is stored");
-        (meta.held.unit, meta.held.passed) = (unit, passed);
+        meta.held.set_unit((unit, passed));
         this.dispatcher.finish(
             // SAFETY: we own the turn; a mailbox with a future has a key.
             unsafe { this.key() },
@@ -982,5 +1023,17 @@ where
                 .shared
                 .schedule(this.worker, Task::new(this.clone()));
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::Held;
+
+    /// Every delivery carries a `Held`: keep it at three words (the
+    /// passed flag in the position's top bit, the unit in one word).
+    #[test]
+    fn held_is_three_words() {
+        assert_eq!(std::mem::size_of::<Held>(), 24);
     }
 }

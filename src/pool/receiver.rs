@@ -617,7 +617,7 @@ impl<K, M, O> Receiver<K, M, O> {
         let slot = reply.then(|| Arc::new(Slot::new()));
         let me = self.source.as_ref();
         let held = match unit {
-            Unit::Own => UnitRef::Plain(me),
+            Unit::Own => UnitRef::plain(me),
             Unit::Inherited(share) => {
                 // The message holds a share of another message's unit: it
                 // keeps this source alive with a handle count until it ends.
@@ -628,12 +628,7 @@ impl<K, M, O> Receiver<K, M, O> {
         let env = Envelope {
             msg: message,
             reply: slot.clone(),
-            held: Held {
-                source: me,
-                position: 0,
-                unit: held,
-                passed: false,
-            },
+            held: Held::new(me, held),
         };
         // The key's `Hash` runs inside: if it panics, the panic goes to the
         // caller with the message, and the unit comes back.

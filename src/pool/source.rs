@@ -827,10 +827,18 @@ pub(crate) struct SharedUnit {
 }
 
 /// The unit of credit a message holds: one of its own (or another
-/// message's, handed over whole), or a share of one.
+/// message's, handed over whole), or a share of one. One word, so that a
+/// message's envelope stays small: the pointer to the source (`Plain`) or
+/// to the share (`Shared`, marked by its lowest bit; both are aligned to
+/// at least 8 bytes). See [`kind`](Self::kind).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum UnitRef {
+pub(crate) struct UnitRef(NonNull<u8>);
+
+/// What a [`UnitRef`] points to.
+pub(crate) enum UnitKind {
+    /// A whole unit of this source.
     Plain(SourceRef),
+    /// A share of a unit.
     Shared(NonNull<SharedUnit>),
 }
 
@@ -841,13 +849,39 @@ unsafe impl Send for UnitRef {}
 unsafe impl Sync for UnitRef {}
 
 impl UnitRef {
+    /// A whole unit of `source`.
+    #[inline]
+    pub(crate) fn plain(source: SourceRef) -> Self {
+        debug_assert_eq!(source.0.as_ptr() as usize & 1, 0);
+        UnitRef(source.0.cast())
+    }
+
+    fn shared(share: NonNull<SharedUnit>) -> Self {
+        debug_assert_eq!(share.as_ptr() as usize & 1, 0);
+        // SAFETY: one byte into the share's allocation (larger than a
+        // byte): in bounds, not null, and the provenance is the share's.
+        UnitRef(unsafe { NonNull::new_unchecked(share.as_ptr().cast::<u8>().add(1)) })
+    }
+
+    /// A whole unit, or a share.
+    #[inline]
+    pub(crate) fn kind(self) -> UnitKind {
+        if self.0.as_ptr() as usize & 1 == 0 {
+            UnitKind::Plain(SourceRef(self.0.cast()))
+        } else {
+            // SAFETY: made by `shared`, one byte into the share: one byte
+            // back is the share itself, in the same allocation.
+            UnitKind::Shared(unsafe { NonNull::new_unchecked(self.0.as_ptr().sub(1).cast()) })
+        }
+    }
+
     /// The source whose unit this is.
     #[inline]
     pub(crate) fn source(self) -> SourceRef {
-        match self {
-            UnitRef::Plain(s) => s,
+        match self.kind() {
+            UnitKind::Plain(s) => s,
             // SAFETY: the caller is a holder, which keeps the share alive.
-            UnitRef::Shared(t) => unsafe { t.as_ref() }.unit,
+            UnitKind::Shared(t) => unsafe { t.as_ref() }.unit,
         }
     }
 
@@ -857,15 +891,15 @@ impl UnitRef {
     /// # Safety
     /// The caller holds this unit (or share).
     pub(crate) unsafe fn share(self) -> (UnitRef, UnitRef) {
-        match self {
-            UnitRef::Plain(unit) => {
+        match self.kind() {
+            UnitKind::Plain(unit) => {
                 let t = NonNull::from(Box::leak(Box::new(SharedUnit {
                     unit,
                     holders: AtomicUsize::new(2),
                 })));
-                (UnitRef::Shared(t), UnitRef::Shared(t))
+                (UnitRef::shared(t), UnitRef::shared(t))
             }
-            UnitRef::Shared(t) => {
+            UnitKind::Shared(t) => {
                 // SAFETY: we are a holder.
                 unsafe { t.as_ref() }.holders.fetch_add(1, Relaxed);
                 (self, self)
@@ -880,7 +914,7 @@ impl UnitRef {
     /// # Safety
     /// The caller holds this share, and another holder remains.
     pub(crate) unsafe fn unshare(self) {
-        if let UnitRef::Shared(t) = self {
+        if let UnitKind::Shared(t) = self.kind() {
             // SAFETY: caller's contract.
             let prev = unsafe { t.as_ref() }.holders.fetch_sub(1, AcqRel);
             debug_assert!(prev > 1, "the last holder of a unit left without it");
@@ -894,9 +928,9 @@ impl UnitRef {
     /// The caller holds this unit (or share), and does not use it after.
     #[inline]
     pub(crate) unsafe fn leave(self) -> Option<SourceRef> {
-        match self {
-            UnitRef::Plain(s) => Some(s),
-            UnitRef::Shared(t) => {
+        match self.kind() {
+            UnitKind::Plain(s) => Some(s),
+            UnitKind::Shared(t) => {
                 // SAFETY: we are a holder.
                 let share = unsafe { t.as_ref() };
                 if share.holders.fetch_sub(1, AcqRel) != 1 {
@@ -1095,6 +1129,33 @@ mod tests {
             },
             None,
         )
+    }
+
+    #[test]
+    fn a_unit_ref_is_one_word_that_tells_a_share_from_a_whole_unit() {
+        assert_eq!(std::mem::size_of::<UnitRef>(), 8);
+        let h = source(2, 1024);
+        let me = h.as_ref();
+        assert!(h.source().try_acquire());
+        let whole = UnitRef::plain(me);
+        assert!(matches!(whole.kind(), UnitKind::Plain(s) if s == me));
+        // SAFETY: we hold the unit; each holder leaves once.
+        unsafe {
+            let (mine, theirs) = whole.share();
+            assert!(mine == theirs && mine != whole);
+            assert!(matches!(mine.kind(), UnitKind::Shared(_)));
+            assert!(mine.source() == me);
+            // A holder passes its share on once more, and the taker gives
+            // it back unused: two holders again.
+            let (again, third) = mine.share();
+            assert!(again == mine && third == mine);
+            third.unshare();
+            assert!(mine.leave().is_none(), "one holder is left");
+            let back = theirs.leave().expect("the last holder gives the unit back");
+            assert!(back == me);
+            back.release(1);
+        }
+        assert_eq!(h.source().in_flight(), 0);
     }
 
     #[test]

@@ -403,7 +403,7 @@ pub(crate) fn take_running_unit(shared_id: usize) -> Option<Option<UnitRef>> {
         Running::Nothing => None,
         Running::Held { passed: true, .. } => Some(None),
         Running::Held { unit, source, .. } => {
-            if unit == UnitRef::Plain(source) {
+            if unit == UnitRef::plain(source) {
                 source.pin();
             }
             // SAFETY: the running message holds `unit`.
