@@ -865,16 +865,25 @@ where
         }
     }
 
-    /// Hands back a message whose key could not be cloned (its `Clone`
-    /// panicked): through its completion; a fire-and-forget one is dropped
-    /// (the `on_reject` hook needs the key) and counted as rejected.
-    #[cold]
-    fn reject_keyless(&self, env: Envelope<M, H::Output>) {
+    /// Counts a message handed back and ends it (its unit given back first,
+    /// so a caller that sees the rejection sees the unit back); returns the
+    /// message and its completion, to hand it back through.
+    #[allow(clippy::type_complexity)]
+    fn returned(&self, env: Envelope<M, H::Output>) -> (M, Option<Arc<Slot<H::Output, M>>>) {
         let Envelope { msg, reply, held } = env;
         trace::message_rejected(&self.ident.name, reply.is_some());
         self.ident.metrics.rejected();
         self.shared.rejected.fetch_add(1, Relaxed);
         self.end(held, Ended::Returned, None, false);
+        (msg, reply)
+    }
+
+    /// Hands back a message whose key could not be cloned (its `Clone`
+    /// panicked): through its completion; a fire-and-forget one is dropped
+    /// (the `on_reject` hook needs the key) and counted as rejected.
+    #[cold]
+    fn reject_keyless(&self, env: Envelope<M, H::Output>) {
+        let (msg, reply) = self.returned(env);
         match reply {
             Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
             None => {
@@ -1249,13 +1258,7 @@ where
     where
         K: Clone,
     {
-        let Envelope { msg, reply, held } = env;
-        trace::message_rejected(&self.ident.name, reply.is_some());
-        self.ident.metrics.rejected();
-        self.shared.rejected.fetch_add(1, Relaxed);
-        // Given back first so a caller that sees the rejection sees the
-        // unit back.
-        self.end(held, Ended::Returned, None, false);
+        let (msg, reply) = self.returned(env);
         match reply {
             Some(slot) => slot.complete(Err(TaskError::Rejected(msg))),
             None => {
