@@ -659,19 +659,29 @@ impl Source {
     /// positions at or past the commit point, whose slots hold their own
     /// tag or none (see [`advance`](Self::advance)).
     fn ended(&self, position: u64) -> Option<Ended> {
+        self.ended_at(position).map(|(ended, _)| ended)
+    }
+
+    /// As [`ended`](Self::ended), with the index of the window slot that
+    /// holds the tag (`None` if the overflow map does). A position's tag is
+    /// written once, in one row, so that slot is the only one of the
+    /// position's that is not clear.
+    #[inline]
+    fn ended_at(&self, position: u64) -> Option<(Ended, Option<usize>)> {
         let mask = (1u64 << self.shift) - 1;
         let at = (position & mask) as usize;
         for row in 0..self.rows {
-            match self.window[(row << self.shift) + at].load(Acquire) {
-                FINISHED => return Some(Ended::Finished),
-                RETURNED => return Some(Ended::Returned),
+            let i = (row << self.shift) + at;
+            match self.window[i].load(Acquire) {
+                FINISHED => return Some((Ended::Finished, Some(i))),
+                RETURNED => return Some((Ended::Returned, Some(i))),
                 _ => {}
             }
         }
         if self.overflowed.load(SeqCst) == 0 {
             return None;
         }
-        self.overflow.lock().get(&position).copied()
+        self.overflow.lock().get(&position).map(|&e| (e, None))
     }
 
     /// Advances the commit point and the resolved point as far as the
@@ -684,12 +694,16 @@ impl Source {
     pub(crate) fn advance(&self) -> (u64, u64) {
         let _guard = self.points.lock.lock();
         let next = self.hot.next.load(Acquire);
-        let mask = (1u64 << self.shift) - 1;
         let mut committed = self.points.committed.load(Relaxed);
-        while committed < next && self.ended(committed) == Some(Ended::Finished) {
-            let at = (committed & mask) as usize;
-            for row in 0..self.rows {
-                self.window[(row << self.shift) + at].store(EMPTY, Relaxed);
+        while committed < next {
+            let Some((Ended::Finished, slot)) = self.ended_at(committed) else {
+                break;
+            };
+            // The position's one tag: its other rows are clear already (a
+            // recorder one lap ahead writes only once the commit point
+            // passed this position, which it reads after this store).
+            if let Some(i) = slot {
+                self.window[i].store(EMPTY, Relaxed);
             }
             committed += 1;
         }
@@ -1229,6 +1243,38 @@ mod tests {
         assert!(b.poll(&thread_waiter));
         // SAFETY: `b` took the one unit.
         unsafe { h.as_ref().release(1) };
+    }
+
+    #[test]
+    fn the_window_serves_lap_after_lap_with_tags_in_any_row() {
+        // A window of 32 slots a row (span 16 + credit 8, rounded up), 3
+        // rows; 1,000 positions: about 30 laps.
+        let h = source(8, 16);
+        let s = h.source();
+        let mut done = vec![false; 1000];
+        let mut next = 0u64;
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        while next < 1000 {
+            // Up to the credit's 8 in flight, ended in a scrambled order,
+            // each in a row of its own choosing.
+            let chunk: Vec<u64> = (0..8.min(1000 - next)).map(|_| s.take_position()).collect();
+            next += chunk.len() as u64;
+            let mut order = chunk.clone();
+            for i in (1..order.len()).rev() {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                order.swap(i, (rng % (i as u64 + 1)) as usize);
+            }
+            for p in order {
+                s.record((p % 3) as usize, p, Ended::Finished);
+                done[p as usize] = true;
+                let leading = done.iter().take_while(|d| **d).count() as u64;
+                assert_eq!(s.committable(), leading, "after position {p}");
+            }
+        }
+        assert_eq!(s.committable(), 1000);
+        assert!(s.is_drained());
     }
 
     #[test]
