@@ -157,9 +157,8 @@ impl Shared {
         }
         drop(sources);
         self.metrics.source_gone(source);
-        // Its last unit came back with this: a graceful stop may be waiting
-        // for that (the path that frees the source does not call
-        // `Source::drained`).
+        // Every source is freed through here once its last unit and handle
+        // are gone: a graceful stop may be waiting for that unit.
         self.wake_if_closed();
     }
 

@@ -361,11 +361,9 @@ impl SourceRef {
             match word.compare_exchange_weak(cur, cur - n, SeqCst, Relaxed) {
                 Ok(_) => {
                     if cur == n {
-                        // The last unit came back and no handle is left: a
-                        // graceful stop may be waiting for that too (the
-                        // word is zero, so nobody else frees the source
-                        // meanwhile).
-                        source.drained();
+                        // The last unit came back and no handle is left
+                        // (`free` takes the source out of the executor's
+                        // list, which wakes a graceful stop).
                         // SAFETY: we made the word zero; it was made by
                         // `Box::leak`.
                         unsafe { free(self.0) };
