@@ -17,7 +17,7 @@ use std::future::{ready, Ready};
 use std::sync::atomic::{AtomicUsize as StdCounter, Ordering::Relaxed};
 use std::sync::Mutex as StdMutex;
 
-use common::{assert_all_seen, executor, model, Event, Fixed, Log, Msg, Script, LONG};
+use common::{assert_all_seen, executor, model, scripted, Event, Fixed, Log, Msg, Script, LONG};
 use keyed_executor::handler::Handler;
 use keyed_executor::{Receiver, SubmitError, TaskError};
 use loom::thread;
@@ -42,10 +42,7 @@ fn receiver_shutdown_now_vs_its_step_and_another_source() {
         || {
             let log = Log::new();
             let ex = executor(1, 16);
-            let d = ex
-                .dispatcher_builder(Script::new(&log))
-                .hasher(Fixed::default())
-                .build();
+            let d = scripted(&ex, &log);
             let (a, b) = (d.receiver(2).unwrap(), d.receiver(2).unwrap());
             let first = a.submit_blocking(0, Msg::yield_once(1)).unwrap();
             assert_eq!(first.position(), 0);
@@ -114,10 +111,7 @@ fn commit_point_vs_out_of_order_finishes() {
     model("commit_point_vs_out_of_order_finishes", || {
         let log = Log::new();
         let ex = executor(2, 16);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .build();
+        let d = scripted(&ex, &log);
         let r = d.receiver(2).unwrap();
         let c0 = r.submit_blocking(0, Msg::now(0)).unwrap();
         let c1 = r.submit_blocking(1, Msg::now(1)).unwrap();
@@ -388,14 +382,8 @@ fn dispatcher_shutdown_now_vs_another_dispatcher() {
     model("dispatcher_shutdown_now_vs_another_dispatcher", || {
         let (log1, log2) = (Log::new(), Log::new());
         let ex = executor(1, 16);
-        let d1 = ex
-            .dispatcher_builder(Script::new(&log1))
-            .hasher(Fixed::default())
-            .build();
-        let d2 = ex
-            .dispatcher_builder(Script::new(&log2))
-            .hasher(Fixed::default())
-            .build();
+        let d1 = scripted(&ex, &log1);
+        let d2 = scripted(&ex, &log2);
         let (r1, r2) = (d1.receiver(2).unwrap(), d2.receiver(2).unwrap());
         let first = r1.submit_blocking(0, Msg::yield_once(1)).unwrap();
         let other = thread::spawn(move || {
@@ -521,10 +509,7 @@ fn receiver_close_vs_send() {
     model("receiver_close_vs_send", || {
         let log = Log::new();
         let ex = executor(1, 16);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .build();
+        let d = scripted(&ex, &log);
         let r = d.receiver(2).unwrap();
         let r2 = r.clone();
         let sender = thread::spawn(move || match r2.send(0, Msg::now(1)) {

@@ -43,6 +43,17 @@ pub fn executor(workers: usize, throughput: usize) -> KeyedExecutor {
         .expect("executor")
 }
 
+/// A dispatcher of `ex` running the [`Script`] handler that logs to `log`,
+/// with the deterministic hasher.
+pub fn scripted(
+    ex: &KeyedExecutor,
+    log: &std::sync::Arc<Log>,
+) -> keyed_executor::Dispatcher<u8, Msg, u32> {
+    ex.dispatcher_builder(Script::new(log))
+        .hasher(Fixed::default())
+        .build()
+}
+
 /// Runs `f` in `loom::model` and prints the number of executions explored
 /// and the time taken.
 pub fn model<F>(name: &str, f: F)
