@@ -41,12 +41,22 @@
 //!   not every key ever seen.
 //! - **Workers.** One [`KeyedExecutor`] owns `workers` threads, shared by all
 //!   its dispatchers — never a thread per key, per dispatcher or per type.
-//!   Each worker has its own FIFO of mailboxes. A new mailbox goes to a worker
-//!   with nothing queued (else a parked one, else the least loaded) and stays
-//!   on it while it lives. After `throughput` messages in one turn, a mailbox
-//!   goes to the back of its worker's queue, so a hot key cannot starve the
-//!   others. A worker out of work spins for `spin` (zero by default), then
-//!   parks.
+//!   Each worker has its own FIFO of mailboxes. A new key's pin goes to a
+//!   worker with nothing queued (else a parked one, else the least loaded),
+//!   and its mailboxes run there. After `throughput` messages in one turn, a
+//!   mailbox goes to the back of its worker's queue, so a hot key cannot
+//!   starve the others. A worker out of work spins for `spin` (zero by
+//!   default), then parks.
+//! - **Work conservation.** Work stays where it was placed while its worker
+//!   makes progress — except work *waiting* behind a worker stuck in one
+//!   long step (a CPU-heavy message, a handler that blocks): while another
+//!   worker is idle, it takes that work — the rest of the stuck port's
+//!   inbox, mailboxes queued or woken behind the step — and the moved
+//!   mailboxes stay on their new worker. The step itself never moves, and
+//!   its key's next messages wait for it (one at a time, in order, as
+//!   ever). A worker counts as stuck once two looks (by submitters with work
+//!   for it, or by idle workers) found it in the same step; see
+//!   "Choosing settings" for what to expect.
 //! - **Routing.** A submitter records the message in its key's pin (which
 //!   worker the key is on) and pushes it on the dispatcher's inbox for that
 //!   worker; the worker moves it into the mailbox. Only submitters touch pins
@@ -172,9 +182,15 @@
 //!   rest of the process leaves free (a tokio runtime in the same process has
 //!   its own workers). For mostly-async handlers: one or two are usually
 //!   enough, since a pending future holds no worker. A handler that *blocks*
-//!   (file I/O, a sync database driver) holds its worker and delays every
-//!   mailbox queued on it: move the blocking call off the pool (e.g. tokio's
-//!   `spawn_blocking` and await it), or size `workers` for it knowingly.
+//!   (file I/O, a sync database driver) or computes for long holds its
+//!   worker for that step: the keys queued behind it move to an idle worker
+//!   (work conservation), so they wait only when every worker is busy — but
+//!   no executor can give back a thread a handler blocks, so with as many
+//!   blocked steps as workers everything waits. Move blocking calls off the
+//!   pool (e.g. tokio's `spawn_blocking`, awaited), or size `workers` for
+//!   them knowingly. Expect a CPU-heavy key to cost the other keys a few
+//!   tens of µs of latency when its step begins (until it is seen stuck),
+//!   not the length of its step.
 //! - **`throughput`** (default 16): messages a mailbox runs in one turn before
 //!   going to the back of its worker's queue. Higher favours hot keys'
 //!   throughput (fewer re-queues), lower the latency of other keys on the same

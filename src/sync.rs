@@ -277,6 +277,57 @@ mod imp {
         }
     }
 
+    /// A worker's own run queue (FIFO): its owner pushes and pops at no
+    /// cost beyond a few plain stores and one `fetch_add` a pop; other
+    /// threads take the oldest value through a [`Thief`].
+    pub(crate) struct RunQueue<T>(crossbeam_deque::Worker<T>);
+
+    impl<T> RunQueue<T> {
+        pub(crate) fn new() -> Self {
+            RunQueue(crossbeam_deque::Worker::new_fifo())
+        }
+
+        /// The handle other threads take values through.
+        pub(crate) fn thief(&self) -> Thief<T> {
+            Thief(self.0.stealer())
+        }
+
+        #[inline]
+        pub(crate) fn push(&self, value: T) {
+            self.0.push(value);
+        }
+
+        #[inline]
+        pub(crate) fn pop(&self) -> Option<T> {
+            self.0.pop()
+        }
+
+        #[inline]
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
+
+        #[inline]
+        pub(crate) fn len(&self) -> usize {
+            self.0.len()
+        }
+    }
+
+    /// Takes values out of another thread's [`RunQueue`], the oldest first.
+    pub(crate) struct Thief<T>(crossbeam_deque::Stealer<T>);
+
+    impl<T> Thief<T> {
+        pub(crate) fn steal(&self) -> Option<T> {
+            loop {
+                match self.0.steal() {
+                    crossbeam_deque::Steal::Success(v) => return Some(v),
+                    crossbeam_deque::Steal::Empty => return None,
+                    crossbeam_deque::Steal::Retry => core::hint::spin_loop(),
+                }
+            }
+        }
+    }
+
     /// A hint inside a busy-wait loop.
     #[inline(always)]
     pub(crate) fn spin_loop() {
@@ -463,6 +514,8 @@ mod imp {
     /// Under loom the spin lock is loom's mutex (a spinning lock would blow
     /// up the state space and loom checks the same mutual exclusion).
     pub(crate) type SpinLock<T> = Mutex<T>;
+    /// Guard of [`SpinLock`].
+    pub(crate) type SpinGuard<'a, T> = MutexGuard<'a, T>;
 
     /// Threads (loom's).
     pub(crate) mod thread {
@@ -530,6 +583,45 @@ mod imp {
 
         pub(crate) fn is_empty(&self) -> bool {
             self.0.borrow().is_empty()
+        }
+    }
+
+    /// A worker's run queue under loom: a shared `VecDeque` behind a loom
+    /// mutex, so steals are explored like any other access.
+    pub(crate) struct RunQueue<T>(Arc<Mutex<VecDeque<T>>>);
+
+    impl<T> RunQueue<T> {
+        pub(crate) fn new() -> Self {
+            RunQueue(Arc::new(Mutex::new(VecDeque::new())))
+        }
+
+        pub(crate) fn thief(&self) -> Thief<T> {
+            Thief(self.0.clone())
+        }
+
+        pub(crate) fn push(&self, value: T) {
+            self.0.lock().push_back(value);
+        }
+
+        pub(crate) fn pop(&self) -> Option<T> {
+            self.0.lock().pop_front()
+        }
+
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.lock().is_empty()
+        }
+
+        pub(crate) fn len(&self) -> usize {
+            self.0.lock().len()
+        }
+    }
+
+    /// Takes values out of another thread's [`RunQueue`], the oldest first.
+    pub(crate) struct Thief<T>(Arc<Mutex<VecDeque<T>>>);
+
+    impl<T> Thief<T> {
+        pub(crate) fn steal(&self) -> Option<T> {
+            self.0.lock().pop_front()
         }
     }
 

@@ -15,9 +15,9 @@
 //! route table is small (8 bytes a bucket) and written by submitters only,
 //! so it stays in their caches: a submit touches no per-key state.
 //!
-//! The worker owns its port's mailboxes: the port's map (key → mailbox,
+//! The port's runner owns its mailboxes: the port's map (key → mailbox,
 //! keyed by the submitter's hash) lives under the port's *gate*, a lock
-//! the worker takes per delivery and that stops, retirement and stealing
+//! the runner takes per delivery and that stops, retirement and takeovers
 //! take to touch the port. A port's turn takes up to `PORT_BATCH`
 //! deliveries in order; each counts in its bucket's `received`, finds or
 //! creates its key's mailbox, and is offered to it (`Mailbox::offer`): an
@@ -27,11 +27,37 @@
 //! queue). A port with deliveries left re-queues itself behind the worker's
 //! other tasks.
 //!
-//! A bucket stays on its worker (sticky) while it has keys there; once the
-//! worker has retired every mailbox of the bucket and every delivery sent
-//! to it was received (`sent == received`, under the gate), it un-places
-//! the bucket with one compare-exchange (which fails if a submitter sent
-//! meanwhile), and the bucket's next message places it afresh.
+//! A bucket keeps the port it was placed on for the dispatcher's life (the
+//! gate's per-bucket counts, `sent` and `received`, are kept for un-placing
+//! idle buckets but not read yet). A port, though, is not bound to its
+//! worker: its task carries the port's index (the task's tag), and it runs
+//! wherever it is queued — on its `home`, the worker that ran its last
+//! turn, unless work conservation moved it (see `executor.rs`).
+//!
+//! # Taking over a turn
+//!
+//! A message of a key without a mailbox runs in the port's slot, inside the
+//! port's turn, with the gate released; the rest of the inbox waits for it.
+//! If that step is long and a worker idles, the idle worker takes the rest
+//! of the turn over:
+//!
+//! - Who asks: a submitter that pushed to a port whose turn is running on
+//!   a stuck worker (`nudge`: it sends one `TAKEOVER` task to an idle
+//!   worker; `rescue` keeps it to one at a time), or an idle worker that
+//!   finds a stuck worker whose port's turn holds deliveries
+//!   (`StopTarget::takeover`, from `WorkerCx::help`).
+//! - Under the gate, if the slot is still lent (`lent`), the taker puts
+//!   the lent slot in the map as its key's mailbox (so that key's next
+//!   deliveries queue behind its running message), bumps `epoch`, becomes
+//!   the `runner` and the port's `home`, and runs the rest of the turn as
+//!   its own. `state` stays `RUNNING` throughout: nobody else schedules the
+//!   port meanwhile.
+//! - The old runner, when its message returns, finds `epoch` changed under
+//!   the gate: the turn is not its own any more. It goes on as the slot's
+//!   mailbox (its queue, then retirement through `drained`, or suspension),
+//!   and never touches the port's state again.
+//! - Only the slot's step can be taken over: every other release of the
+//!   gate in a turn happens with `lent` cleared.
 //!
 //! # The gate decides the races
 //!
@@ -76,7 +102,7 @@ use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::fence;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
-use crate::sync::{Arc, SpinLock};
+use crate::sync::{Arc, SpinGuard, SpinLock};
 use crate::trace;
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
@@ -98,6 +124,10 @@ const PORT_BATCH: usize = 2;
 const PORT_IDLE: usize = 0;
 const PORT_SCHEDULED: usize = 1;
 const PORT_RUNNING: usize = 2;
+
+/// In a port task's tag (beside the port's index): take over the port's
+/// turn from a runner stuck in its slot (see "Taking over a turn").
+const TAKEOVER: usize = 1 << (usize::BITS - 1);
 
 // ----- the route table -------------------------------------------------------
 
@@ -380,6 +410,14 @@ impl Turns {
         }
     }
 
+    /// Forgets every record (the port moved to another worker, whose task
+    /// numbers these are not).
+    fn forget(&mut self) {
+        for table in self.tables.iter_mut() {
+            table.generation = table.generation.wrapping_add(1);
+        }
+    }
+
     /// Messages the key with `hash` ran in its current turn (`tick` is the
     /// task running now).
     #[inline]
@@ -439,6 +477,12 @@ type Deferred<K, M, O> = (Delivery<K, M, O>, Stamp);
 /// the worker sees the push (SeqCst fences on both sides).
 struct Port<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
+    /// The worker its task is queued on: the one that ran its last turn
+    /// (written by the runner at the start of a turn, relaxed).
+    home: AtomicUsize,
+    /// A takeover of its turn is on its way to an idle worker (set by the
+    /// submitter that sent it, cleared by whoever runs it).
+    rescue: AtomicBool,
     /// Set (under the gate) by a force stop once it emptied the inbox;
     /// read by submitters after their push (see the module docs).
     closed: AtomicBool,
@@ -466,8 +510,14 @@ struct Gate<K, M, H: Handler<K, M>, S> {
     turns: Turns,
     /// The free mailbox the port lends a message of a key without one.
     slot: Option<MailboxRef<K, M, H, S>>,
-    /// The slot is out, running a message (for stats).
-    lent: bool,
+    /// The slot out running a message in the turn's owner's hands, if
+    /// any (for stats, and for a takeover, which moves it into the map).
+    lent: Option<Lent<K, M, H, S>>,
+    /// Bumped by each takeover of the port's turn: a runner that finds it
+    /// changed when its slot comes back has lost the turn.
+    epoch: u32,
+    /// The worker whose turn it is (or was last).
+    runner: usize,
     /// Free mailboxes for keys that get one.
     spares: Vec<MailboxRef<K, M, H, S>>,
     /// Deliveries a source stop took out of the inbox to hand back its own
@@ -482,6 +532,24 @@ impl<K, M, H: Handler<K, M>, S> Gate<K, M, H, S> {
         &mut self.buckets[b]
     }
 }
+
+/// The lent slot: a pointer, not a reference count (that would cost two
+/// atomic operations a message); the runner holds the `Arc` while it is
+/// set, and clears it under the gate before it lets the slot go.
+struct Lent<K, M, H: Handler<K, M>, S>(NonNull<Mailbox<K, M, H, S>>);
+
+impl<K, M, H: Handler<K, M>, S> Clone for Lent<K, M, H, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K, M, H: Handler<K, M>, S> Copy for Lent<K, M, H, S> {}
+
+// SAFETY: a pointer to a mailbox, which is `Send + Sync` under the bounds
+// every dispatcher has; it is only dereferenced under the gate while the
+// runner keeps the mailbox alive (see above).
+unsafe impl<K, M, H: Handler<K, M>, S> Send for Lent<K, M, H, S> {}
 
 /// The outcome of looking a delivery's key up in a port's map.
 enum Lookup<K, M, H: Handler<K, M>, S> {
@@ -609,12 +677,15 @@ where
         Ok(position)
     }
 
-    /// After a push to `worker`'s inbox (and a fence): queues the port's
-    /// task unless it is queued or running already.
+    /// After a push to port `p`'s inbox (and a fence): queues the port's
+    /// task unless it is queued or running already; if it is, and its
+    /// worker is stuck while another idles, sees that the delivery does not
+    /// wait for it (see "Taking over a turn").
     #[inline]
-    fn schedule_port(this: &Arc<Self>, worker: usize) {
-        let port = &this.ports[worker];
-        if port.state.load(SeqCst) == PORT_IDLE
+    fn schedule_port(this: &Arc<Self>, p: usize) {
+        let port = &this.ports[p];
+        let st = port.state.load(SeqCst);
+        if st == PORT_IDLE
             && port
                 .state
                 .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
@@ -623,13 +694,44 @@ where
             // A handler submitting to a key of its own worker queues the
             // port locally (no wake-up: it is running); anyone else pushes
             // it on the worker's queue and wakes it if it sleeps.
-            let mut task = Some(Task::new(this.clone()));
-            let _ = crate::pool::worker::with_worker_cx(this.shared.id(), worker, |cx| {
+            let home = port.home.load(Relaxed);
+            let mut task = Some(Task::tagged(this.clone(), p));
+            let _ = crate::pool::worker::with_worker_cx(this.shared.id(), home, |cx| {
                 cx.push_local(task.take().expect("taken once"));
             });
             if let Some(task) = task {
-                this.shared.schedule(worker, task);
+                this.shared.schedule(home, task);
             }
+        } else if st != PORT_IDLE && this.shared.any_idle() {
+            Self::nudge(this, p, st);
+        }
+    }
+
+    /// A delivery landed on port `p`, whose task is queued or running
+    /// (`st`), while a worker idles: if the port's worker is stuck in a
+    /// step, an idle worker takes over the turn (running) or is called to
+    /// take the queued task.
+    #[cold]
+    fn nudge(this: &Arc<Self>, p: usize, st: usize) {
+        let port = &this.ports[p];
+        let home = port.home.load(SeqCst);
+        let shared = &this.shared;
+        if crate::pool::worker::current_index(shared.id()) == Some(home)
+            || !shared.workers[home].stuck()
+        {
+            return;
+        }
+        if st == PORT_SCHEDULED {
+            // Its task waits behind the stuck step: an idle worker takes it.
+            shared.call_helper(home);
+            return;
+        }
+        if port.rescue.load(Relaxed) || port.rescue.swap(true, AcqRel) {
+            return;
+        }
+        match shared.idle_worker(home) {
+            Some(i) => shared.push(i, Task::tagged(this.clone(), p | TAKEOVER)),
+            None => port.rescue.store(false, Release),
         }
     }
 
@@ -715,15 +817,11 @@ where
         }
     }
 
-    /// A free mailbox for this port: a spare, or a new one.
-    fn spare(
-        this: &Arc<Self>,
-        gate: &mut Gate<K, M, H, S>,
-        worker: usize,
-    ) -> MailboxRef<K, M, H, S> {
+    /// A free mailbox for port `p`: a spare, or a new one.
+    fn spare(this: &Arc<Self>, gate: &mut Gate<K, M, H, S>, p: usize) -> MailboxRef<K, M, H, S> {
         gate.spares
             .pop()
-            .unwrap_or_else(|| Arc::new(Mailbox::new(worker, this.clone())))
+            .unwrap_or_else(|| Arc::new(Mailbox::new(p, this.clone())))
     }
 
     /// Puts `mailbox` (assigned to its key, not yet in the map) into the
@@ -767,7 +865,7 @@ where
         spent: usize,
     ) -> bool {
         let this = &mailbox.dispatcher_ref();
-        let port = &this.ports[cx.index];
+        let port = &this.ports[mailbox.port()];
         let mut gate = port.gate.lock();
         // SAFETY: we own the turn and hold the gate.
         if !unsafe { mailbox.still_empty() } {
@@ -958,7 +1056,9 @@ where
                         .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
                         .is_ok()
                 {
-                    this.shared.schedule(worker, Task::new(this.clone()));
+                    let home = port.home.load(Relaxed);
+                    this.shared
+                        .schedule(home, Task::tagged(this.clone(), worker));
                 }
             }
             for (key, env) in handed {
@@ -992,17 +1092,75 @@ where
         }
     }
 
-    /// The port's turn on `cx`'s worker: take up to `PORT_BATCH` deliveries
+    /// Port `p`'s turn on `cx`'s worker: take up to `PORT_BATCH` deliveries
     /// in order (see the module docs and `mailbox.rs`).
-    fn run_port(this: Arc<Self>, cx: &WorkerCx<'_>) {
-        let port = &this.ports[cx.index];
+    fn run_port(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
+        let port = &this.ports[p];
         port.state.store(PORT_RUNNING, SeqCst);
         cx.port_turn(true);
+        let mut gate = port.gate.lock();
+        if gate.runner != cx.index {
+            // Moved here from a stuck worker: it lives here now. The turn
+            // records were the other worker's tasks'.
+            gate.runner = cx.index;
+            port.home.store(cx.index, SeqCst);
+            gate.turns.forget();
+        }
+        let epoch = gate.epoch;
+        Self::deliveries(&this, p, gate, epoch, cx);
+    }
+
+    /// A takeover (see "Taking over a turn"): if port `p`'s turn is still
+    /// running a message in its slot, this worker takes the rest of the
+    /// turn; the slot becomes its key's mailbox, so that key's next
+    /// messages queue behind the running one.
+    fn take_over(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
+        let port = &this.ports[p];
+        port.rescue.store(false, Release);
+        let mut gate = port.gate.lock();
+        let Some(Lent(slot)) = gate.lent else {
+            // The runner is back from its slot: its turn goes on.
+            return;
+        };
+        if gate.closed || this.shared.is_forced() {
+            return;
+        }
+        // SAFETY: the lent slot is alive while `lent` is set (its runner
+        // holds it), and `Arc::as_ptr` made the pointer.
+        let slot = unsafe { crate::sync::arc_clone_raw(slot.as_ptr().cast_const()) };
+        // SAFETY: under the gate; the slot's key and hash were set before it
+        // was lent and nobody writes them until it comes back.
+        let b = this.bucket_of(unsafe { slot.hash() });
+        if this.activate(&mut gate, b, &slot).is_err() {
+            // The key's `Clone` or `Eq` panicked: leave the turn to its runner.
+            return;
+        }
+        crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
+        gate.lent = None;
+        gate.epoch = gate.epoch.wrapping_add(1);
+        let epoch = gate.epoch;
+        gate.runner = cx.index;
+        port.home.store(cx.index, SeqCst);
+        gate.turns.forget();
+        drop(slot);
+        cx.port_turn(true);
+        Self::deliveries(&this, p, gate, epoch, cx);
+    }
+
+    /// The body of port `p`'s turn, owned while the gate's epoch is
+    /// `epoch`.
+    fn deliveries<'a>(
+        this: &'a Arc<Self>,
+        p: usize,
+        mut gate: SpinGuard<'a, Gate<K, M, H, S>>,
+        epoch: u32,
+        cx: &WorkerCx<'_>,
+    ) {
+        let port = &this.ports[p];
         let n = this.routes.len();
         let throughput = this.shared.config.throughput as u32;
         let tick = cx.tick();
         let mut more = true;
-        let mut gate = port.gate.lock();
         for _ in 0..PORT_BATCH {
             if gate.closed {
                 more = false;
@@ -1028,7 +1186,7 @@ where
             if env.held.source.get().is_stopped() {
                 // Its source is stopping: hand it back, do not start it.
                 drop(gate);
-                Self::hand_over(&this, &key, env);
+                Self::hand_over(this, &key, env);
                 gate = port.gate.lock();
                 continue;
             }
@@ -1060,25 +1218,45 @@ where
                 // long handler must not hold up a stop, which takes it).
                 let slot = match gate.slot.take() {
                     Some(slot) => slot,
-                    None => Self::spare(&this, &mut gate, cx.index),
+                    None => Self::spare(this, &mut gate, p),
                 };
                 // SAFETY: the slot is free and we hold the gate.
                 unsafe {
                     slot.assign(key, hash);
                     slot.lend();
                 }
-                gate.lent = true;
+                slot.set_home(cx.index);
+                gate.lent = Some(Lent(mailbox_ptr(&slot)));
                 drop(gate);
+                cx.step();
                 // SAFETY: the slot is ours (`RUNNING`), with a key, no future.
                 let step = unsafe { Mailbox::start(&slot, env, stamp, cx) };
                 gate = port.gate.lock();
-                gate.lent = false;
+                if gate.epoch != epoch {
+                    // Taken over while the message ran: the turn is another
+                    // worker's, and the slot its key's mailbox, in the map
+                    // (maybe with messages queued): go on as that mailbox.
+                    drop(gate);
+                    cx.port_turn(false);
+                    match step {
+                        Step::Done => {
+                            let left = (throughput - spent - 1) as usize;
+                            Mailbox::turn(slot, cx, left);
+                        }
+                        Step::Pending => Mailbox::after_pending(slot, cx),
+                    }
+                    return;
+                }
+                gate.lent = None;
                 match step {
                     Step::Done => {
                         gate.turns.record(hash, spent + 1, tick);
                         // SAFETY: ours, under the gate, finished.
                         let key = unsafe { slot.release(false) };
-                        gate.slot = Some(slot);
+                        match gate.slot {
+                            None => gate.slot = Some(slot),
+                            Some(_) => gate.spares.push(slot),
+                        }
                         if std::mem::needs_drop::<K>() {
                             drop(gate);
                             let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
@@ -1106,7 +1284,7 @@ where
                 // Its turn is spent (or a force stop began): it gets a
                 // mailbox with this message queued, at the back of the
                 // worker's queue, as a mailbox that used up its turn goes.
-                let m = Self::spare(&this, &mut gate, cx.index);
+                let m = Self::spare(this, &mut gate, p);
                 // SAFETY: free, under the gate.
                 unsafe { m.assign(key, hash) };
                 if let Err(p) = this.activate(&mut gate, b, &m) {
@@ -1119,6 +1297,7 @@ where
                     continue;
                 }
                 crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
+                m.set_home(cx.index);
                 // SAFETY: free, assigned, under the gate.
                 unsafe { m.schedule_with(env, stamp) };
                 drop(gate);
@@ -1134,7 +1313,7 @@ where
         if more {
             // Fairness: let the worker's other tasks run, then come back.
             port.state.store(PORT_SCHEDULED, SeqCst);
-            cx.requeue_local(Task::new(this));
+            cx.requeue_local(Task::tagged(this.clone(), p));
             return;
         }
         port.state.store(PORT_IDLE, SeqCst);
@@ -1156,7 +1335,7 @@ where
                     .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
                     .is_ok()
             {
-                cx.push_local(Task::new(this));
+                cx.push_local(Task::tagged(this.clone(), p));
                 return;
             }
         }
@@ -1280,7 +1459,7 @@ where
         let (mut live, mut free, mut all) = (0, 0, 0);
         for port in self.ports.iter() {
             let gate = port.gate.lock();
-            let lent = usize::from(gate.lent);
+            let lent = usize::from(gate.lent.is_some());
             all += gate.active.len() + lent;
             live += gate.active.values().filter(|m| !m.is_closed()).count() + lent;
             free += gate.spares.len() + usize::from(gate.slot.is_some());
@@ -1294,7 +1473,7 @@ where
         self.ports.iter().all(|port| {
             let gate = port.gate.lock();
             gate.active.is_empty()
-                && !gate.lent
+                && gate.lent.is_none()
                 && gate.deferred.is_empty()
                 && port.inbox.is_empty()
         })
@@ -1370,13 +1549,20 @@ where
     H: Handler<K, M>,
     S: BuildHasher + Send + Sync + 'static,
 {
-    /// A port task: deliver on this worker.
-    fn run(this: Arc<Self>, cx: &WorkerCx<'_>) {
-        Self::run_port(this, cx);
+    /// A port task (`tag`: the port, and whether to take over its turn).
+    fn run(this: Arc<Self>, cx: &WorkerCx<'_>, tag: usize) {
+        if tag & TAKEOVER != 0 {
+            Self::take_over(this, tag & !TAKEOVER, cx);
+        } else {
+            Self::run_port(this, tag, cx);
+        }
     }
 
     /// A force stop empties inboxes itself; the port just goes idle.
-    fn cancel(this: Arc<Self>) {
+    fn cancel(this: Arc<Self>, tag: usize) {
+        if tag & TAKEOVER != 0 {
+            this.ports[tag & !TAKEOVER].rescue.store(false, Release);
+        }
         drop(this);
     }
 }
@@ -1394,6 +1580,9 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     fn is_quiet(&self) -> bool;
     /// Frees its spare mailboxes (it is leaving the registry).
     fn release_spares(&self);
+    /// A takeover of a port whose worker `stuck` runs its turn with
+    /// deliveries waiting (see "Taking over a turn").
+    fn takeover(&self, stuck: usize) -> Option<Task>;
     fn id(&self) -> u64;
     /// Its name and metrics handles.
     fn ident(&self) -> &Identity;
@@ -1427,6 +1616,19 @@ where
 
     fn release_spares(&self) {
         self.0.release_spares()
+    }
+
+    fn takeover(&self, stuck: usize) -> Option<Task> {
+        let (p, _) = self.0.ports.iter().enumerate().find(|(_, port)| {
+            port.state.load(SeqCst) == PORT_RUNNING
+                && (!port.inbox.is_empty() || port.deferred.load(SeqCst))
+                && {
+                    let gate = port.gate.lock();
+                    gate.runner == stuck && gate.lent.is_some()
+                }
+                && !port.rescue.swap(true, AcqRel)
+        })?;
+        Some(Task::tagged(self.0.clone(), p | TAKEOVER))
     }
 
     fn id(&self) -> u64 {
@@ -1843,9 +2045,11 @@ where
                 .map(|_| AtomicU64::new(route_word(UNPLACED, 0)))
                 .collect(),
             ports: (0..shared.workers.len())
-                .map(|_| {
+                .map(|p| {
                     CachePadded::new(Port {
                         state: AtomicUsize::new(PORT_IDLE),
+                        home: AtomicUsize::new(p),
+                        rescue: AtomicBool::new(false),
                         closed: AtomicBool::new(false),
                         deferred: AtomicBool::new(false),
                         inbox: Inbox::new(),
@@ -1855,7 +2059,9 @@ where
                             buckets: vec![BucketCount::default(); buckets].into_boxed_slice(),
                             turns: Turns::new(),
                             slot: None,
-                            lent: false,
+                            lent: None,
+                            epoch: 0,
+                            runner: p,
                             spares: Vec::new(),
                             deferred: VecDeque::new(),
                         })),

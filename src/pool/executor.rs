@@ -39,6 +39,32 @@
 //!
 //! Each accepted message therefore ends exactly once: done, panicked,
 //! rejected (handed back) or cancelled.
+//!
+//! # Work conservation
+//!
+//! A task stays on the worker it was queued on, and a port's mailboxes on
+//! the worker that runs the port — except that work *waiting* behind a
+//! worker stuck in one step (a long handler call or poll, a handler that
+//! blocks its thread) moves to an idle one and stays there:
+//!
+//! - *Stuck*: a worker is `RUNNING` and the same step (its `steps` count: a
+//!   task taken, or a message its port runs in the slot) was seen twice
+//!   (`Worker::stuck`) by threads that looked because they had work for it
+//!   or none of their own. A worker making progress is never stuck, however
+//!   busy, so a busy pool keeps every task where it is (the sticky path
+//!   costs one relaxed load of `idle` per submit).
+//! - Only while some worker is idle (`Shared::idle`, counted around its
+//!   spin and park) do submitters look: `Shared::schedule` puts a task
+//!   meant for a stuck worker on an idle one instead; a submitter that finds
+//!   its port's turn running on a stuck worker sends an idle worker a
+//!   *takeover* of that turn (see `dispatcher.rs`); one that finds the port
+//!   queued on a stuck worker calls an idle worker (`call_helper`).
+//! - An idle worker, before it spins or parks, and whenever called, takes
+//!   one task of a stuck worker (the oldest of its run queue, else of its
+//!   queue of pushes; `WorkerCx::help`), runs it, and looks again.
+//! - What moved runs on its new worker from then on: a mailbox wakes onto
+//!   the worker that ran it last, a port's task goes to the worker that ran
+//!   its last turn. The running step never moves.
 
 use std::fmt;
 use std::hash::Hash;
@@ -76,11 +102,25 @@ struct Lifecycle {
     exited: usize,
 }
 
+/// A worker counted idle (see [`Shared::idle`]).
+pub(crate) struct IdleGuard<'a>(&'a Shared, usize);
+
+impl Drop for IdleGuard<'_> {
+    fn drop(&mut self) {
+        self.0.idle.fetch_sub(1, SeqCst);
+        self.0.workers[self.1].set_idle(false);
+    }
+}
+
 /// State shared by the executor's handles, its workers and its dispatchers.
 pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) workers: Box<[Worker]>,
     state: CachePadded<AtomicUsize>,
+    /// Workers spinning or parked (see "Work conservation"): while it is
+    /// zero nobody could take work from a stuck worker, and submitters do
+    /// not look.
+    idle: CachePadded<AtomicUsize>,
     next_worker: CachePadded<AtomicUsize>,
     registry: Mutex<Registry>,
     lifecycle: Mutex<Lifecycle>,
@@ -197,6 +237,96 @@ impl Shared {
     /// if it sleeps.
     #[inline]
     pub(crate) fn schedule(&self, worker: usize, task: Task) {
+        let worker = if self.any_idle() {
+            self.redirect(worker)
+        } else {
+            worker
+        };
+        self.push(worker, task);
+        // After the push and its fence: a worker that went idle meanwhile
+        // either sees the task behind a stuck `worker` itself, or is seen
+        // here and called to take it.
+        if self.any_idle() {
+            self.call_if_stuck(worker);
+        }
+    }
+
+    /// Calls an idle worker to help `worker` if it is stuck (and is not
+    /// the caller).
+    #[cold]
+    pub(crate) fn call_if_stuck(&self, worker: usize) {
+        if worker::current_index(self.id()) != Some(worker) && self.workers[worker].stuck() {
+            self.call_helper(worker);
+        }
+    }
+
+    /// Whether some worker spins or parks.
+    #[inline]
+    pub(crate) fn any_idle(&self) -> bool {
+        self.idle.load(Relaxed) != 0
+    }
+
+    /// Counts worker `index` (the caller) idle until the guard drops.
+    pub(crate) fn idle(&self, index: usize) -> IdleGuard<'_> {
+        self.workers[index].set_idle(true);
+        self.idle.fetch_add(1, SeqCst);
+        // Against a submitter's push, fence, look at `idle`: it sees this
+        // worker idle, or this worker's look (which follows) sees its push.
+        fence(SeqCst);
+        IdleGuard(self, index)
+    }
+
+    /// A takeover of the turn of a port whose worker `stuck` runs it with
+    /// deliveries waiting (any dispatcher's), if there is one.
+    #[cold]
+    pub(crate) fn takeover(&self, stuck: usize) -> Option<Task> {
+        // Out of the registry's lock: a look takes ports' gates.
+        let targets: Vec<Box<dyn StopTarget>> = {
+            let registry = self.registry.lock();
+            registry.targets.iter().map(|t| t.clone_box()).collect()
+        };
+        targets.iter().find_map(|t| t.takeover(stuck))
+    }
+
+    /// Where a task meant for `worker` should go: an idle worker if
+    /// `worker` is stuck in a step (and the caller is not `worker` itself,
+    /// which is not stuck if it runs this), else `worker`.
+    #[cold]
+    fn redirect(&self, worker: usize) -> usize {
+        if worker::current_index(self.id()) == Some(worker) || !self.workers[worker].stuck() {
+            return worker;
+        }
+        self.idle_worker(worker).unwrap_or(worker)
+    }
+
+    /// An idle worker other than `not` (one not parked first: it needs no
+    /// wake-up).
+    pub(crate) fn idle_worker(&self, not: usize) -> Option<usize> {
+        let mut parked = None;
+        for (i, w) in self.workers.iter().enumerate() {
+            if i == not || !w.is_idle() {
+                continue;
+            }
+            match w.state.load(Relaxed) {
+                PARKED => parked = parked.or(Some(i)),
+                _ => return Some(i),
+            }
+        }
+        parked
+    }
+
+    /// `stuck` is stuck with work queued behind its step: call an idle
+    /// worker to take it.
+    #[cold]
+    pub(crate) fn call_helper(&self, stuck: usize) {
+        if let Some(i) = self.idle_worker(stuck) {
+            self.workers[i].call();
+        }
+    }
+
+    /// Pushes `task` on `worker`'s queue and wakes it if it sleeps (no
+    /// redirection).
+    pub(crate) fn push(&self, worker: usize, task: Task) {
         let w = &self.workers[worker];
         w.queue.push(task);
         fence(SeqCst);
@@ -490,6 +620,7 @@ impl KeyedExecutor {
             workers: (0..n).map(|_| Worker::new()).collect(),
             config,
             state: CachePadded::new(AtomicUsize::new(0)),
+            idle: CachePadded::new(AtomicUsize::new(0)),
             next_worker: CachePadded::new(AtomicUsize::new(0)),
             registry: Mutex::new(Registry {
                 targets: Vec::new(),

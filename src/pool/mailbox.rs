@@ -73,6 +73,17 @@
 //! (and the runner sees the message) or finds no mailbox and runs the
 //! message itself. A mailbox in the map is never `FREE`.
 //!
+//! # Where it runs
+//!
+//! A mailbox belongs to one port for good (`port`: the map it joins, the
+//! spares it returns to) but runs on its `home`: the worker that lends or
+//! queues it, then whichever worker runs it — an idle worker that took it
+//! from a stuck one (see "Work conservation" in `executor.rs`) becomes its
+//! home, and its wakes queue it there. A port's slot may even be taken
+//! into the map while it runs, by a worker taking over the port's turn
+//! (see "Taking over a turn" in `dispatcher.rs`): it is `RUNNING` then, so
+//! only deliveries into its queue follow, as for any running mailbox.
+//!
 //! # Force stop
 //!
 //! The stopping thread sets `FORCED`, then for each port takes the gate,
@@ -259,8 +270,14 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     queue: SpinLock<VecDeque<Queued<M, H::Output>>>,
     /// The key's hash (its submitter's); written with `key`.
     hash: UnsafeCell<u64>,
-    /// The worker whose port lends this mailbox (sticky).
-    worker: usize,
+    /// The port whose map and spares it belongs to (for good).
+    port: usize,
+    /// The worker it runs on, where a wake queues it: the one that ran it
+    /// last (a worker that takes it from a stuck one becomes its home; see
+    /// "Work conservation" in `executor.rs`). Written by its owner (the
+    /// runner, or the port's gate holder while it is free), read by wakers
+    /// after the transition that hands them the mailbox.
+    home: AtomicUsize,
 }
 
 // SAFETY: the `UnsafeCell`s are only accessed by the single party that owns
@@ -294,8 +311,8 @@ where
     H: Handler<K, M>,
     S: std::hash::BuildHasher + Send + Sync + 'static,
 {
-    /// A free mailbox of `worker`'s port.
-    pub(crate) fn new(worker: usize, dispatcher: Arc<DispatcherInner<K, M, H, S>>) -> Self {
+    /// A free mailbox of port `port`.
+    pub(crate) fn new(port: usize, dispatcher: Arc<DispatcherInner<K, M, H, S>>) -> Self {
         Mailbox {
             state: AtomicUsize::new(FREE),
             dispatcher,
@@ -304,7 +321,31 @@ where
             meta: UnsafeCell::new(None),
             queue: SpinLock::new(VecDeque::new()),
             hash: UnsafeCell::new(0),
-            worker,
+            port,
+            home: AtomicUsize::new(port),
+        }
+    }
+
+    /// The port it belongs to.
+    #[inline]
+    pub(crate) fn port(&self) -> usize {
+        self.port
+    }
+
+    /// The worker a wake queues it on.
+    #[inline]
+    fn home(&self) -> usize {
+        self.home.load(Relaxed)
+    }
+
+    /// Makes `worker` its home (see `home`).
+    ///
+    /// Its owner only: the runner, or the port's gate holder while the
+    /// mailbox is free or about to be queued or lent by it.
+    #[inline]
+    pub(crate) fn set_home(&self, worker: usize) {
+        if self.home.load(Relaxed) != worker {
+            self.home.store(worker, Relaxed);
         }
     }
 
@@ -691,7 +732,7 @@ where
         if let Some(meta) = meta {
             // SAFETY: caller's contract.
             unsafe { self.drop_future() };
-            self.dispatcher.cancelled(self.worker);
+            self.dispatcher.cancelled(self.home());
             self.dispatcher.finish(
                 // SAFETY: a mailbox with a future has a key.
                 unsafe { self.key() },
@@ -706,7 +747,7 @@ where
     /// The rest of a turn (`RUNNING`, no future stored): up to `budget`
     /// more messages, then yield; or, with the queue dry, leave the map and
     /// go `FREE` (see `DispatcherInner::drained`).
-    fn turn(this: Arc<Self>, cx: &WorkerCx<'_>, mut budget: usize) {
+    pub(crate) fn turn(this: Arc<Self>, cx: &WorkerCx<'_>, mut budget: usize) {
         let throughput = this.dispatcher.shared.config.throughput;
         loop {
             if budget == 0 {
@@ -891,7 +932,7 @@ where
             AfterPending::Suspended => {}
             AfterPending::Requeued => {
                 let shared = this.dispatcher.shared.clone();
-                shared.schedule(this.worker, Task::new(this.clone()));
+                shared.schedule(this.home(), Task::new(this.clone()));
             }
             AfterPending::Check => {
                 this.clear_stop_check();
@@ -905,7 +946,7 @@ where
     pub(crate) fn resume_after_stop(this: Arc<Self>) {
         this.state.swap(SCHEDULED, AcqRel);
         let shared = this.dispatcher.shared.clone();
-        shared.schedule(this.worker, Task::new(this));
+        shared.schedule(this.home(), Task::new(this));
     }
 
     fn transition_to_idle(&self) -> AfterPending {
@@ -973,11 +1014,13 @@ where
     H: Handler<K, M>,
     S: std::hash::BuildHasher + Send + Sync + 'static,
 {
-    fn run(this: Arc<Self>, cx: &WorkerCx<'_>) {
-        debug_assert_eq!(cx.index, this.worker, "a mailbox ran off its worker");
+    fn run(this: Arc<Self>, cx: &WorkerCx<'_>, _tag: usize) {
         if !this.claim_scheduled(RUNNING) {
             return;
         }
+        // Taken from a stuck worker (or redirected to this one): it lives
+        // here now.
+        this.set_home(cx.index);
         let mut budget = this.dispatcher.shared.config.throughput;
         // SAFETY: we own the turn.
         if this.has_current() && unsafe { this.current_is_stopped() } {
@@ -994,7 +1037,7 @@ where
         Self::turn(this, cx, budget);
     }
 
-    fn cancel(this: Arc<Self>) {
+    fn cancel(this: Arc<Self>, _tag: usize) {
         if this.claim_scheduled(CLOSED) {
             // SAFETY: it was SCHEDULED and we popped it: the turn is ours.
             unsafe { this.cancel_current() };
@@ -1011,7 +1054,7 @@ where
 {
     fn wake(this: Arc<Self>) {
         if this.transition_wake() {
-            let worker = this.worker;
+            let worker = this.home();
             let shared = this.dispatcher.shared.clone();
             shared.schedule(worker, Task::new(this));
         }
@@ -1021,7 +1064,7 @@ where
         if this.transition_wake() {
             this.dispatcher
                 .shared
-                .schedule(this.worker, Task::new(this.clone()));
+                .schedule(this.home(), Task::new(this.clone()));
         }
     }
 }

@@ -303,7 +303,7 @@ impl SpawnTask {
 }
 
 impl Runnable for SpawnTask {
-    fn run(this: Arc<Self>, cx: &WorkerCx<'_>) {
+    fn run(this: Arc<Self>, cx: &WorkerCx<'_>, _tag: usize) {
         let prev = this.state.swap(RUNNING, SeqCst);
         debug_assert_eq!(
             prev & STATE_MASK,
@@ -331,7 +331,7 @@ impl Runnable for SpawnTask {
         unsafe { this.end(end) }
     }
 
-    fn cancel(this: Arc<Self>) {
+    fn cancel(this: Arc<Self>, _tag: usize) {
         let prev = this.state.swap(RUNNING, SeqCst);
         debug_assert_eq!(
             prev & STATE_MASK,

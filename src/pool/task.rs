@@ -20,16 +20,17 @@ use crate::sync::Arc;
 
 /// Something a worker can run.
 pub(crate) trait Runnable: Send + Sync + 'static {
-    /// Runs one turn on the worker that popped the task.
-    fn run(this: Arc<Self>, cx: &WorkerCx<'_>);
+    /// Runs one turn on the worker that popped the task; `tag` is the one
+    /// the task was made with ([`Task::tagged`], else 0).
+    fn run(this: Arc<Self>, cx: &WorkerCx<'_>, tag: usize);
     /// Called instead of `run` once a force stop is under way: give up the
     /// turn, dropping any suspended work as cancelled.
-    fn cancel(this: Arc<Self>);
+    fn cancel(this: Arc<Self>, tag: usize);
 }
 
 struct VTable {
-    run: unsafe fn(NonNull<()>, &WorkerCx<'_>),
-    cancel: unsafe fn(NonNull<()>),
+    run: unsafe fn(NonNull<()>, &WorkerCx<'_>, usize),
+    cancel: unsafe fn(NonNull<()>, usize),
     drop: unsafe fn(NonNull<()>),
 }
 
@@ -44,19 +45,19 @@ impl<R: Runnable> VTableFor<R> {
 
     /// # Safety
     /// `ptr` must come from `Arc::<R>::into_raw` and own that reference.
-    unsafe fn run(ptr: NonNull<()>, cx: &WorkerCx<'_>) {
+    unsafe fn run(ptr: NonNull<()>, cx: &WorkerCx<'_>, tag: usize) {
         // SAFETY: per this function's contract the pointer owns one
         // reference of an `Arc<R>`; we take that reference back.
         let arc = unsafe { Arc::from_raw(ptr.as_ptr().cast::<R>().cast_const()) };
-        R::run(arc, cx);
+        R::run(arc, cx, tag);
     }
 
     /// # Safety
     /// As for `run`.
-    unsafe fn cancel(ptr: NonNull<()>) {
+    unsafe fn cancel(ptr: NonNull<()>, tag: usize) {
         // SAFETY: as in `run`.
         let arc = unsafe { Arc::from_raw(ptr.as_ptr().cast::<R>().cast_const()) };
-        R::cancel(arc);
+        R::cancel(arc, tag);
     }
 
     /// # Safety
@@ -67,10 +68,12 @@ impl<R: Runnable> VTableFor<R> {
     }
 }
 
-/// One owned, type-erased reference to a [`Runnable`].
+/// One owned, type-erased reference to a [`Runnable`], with a word the
+/// runnable gives meaning to (a dispatcher's port task carries its port).
 pub(crate) struct Task {
     ptr: NonNull<()>,
     vtable: &'static VTable,
+    tag: usize,
 }
 
 // SAFETY: a `Task` is only built from an `Arc<R>` with `R: Runnable`, which
@@ -80,12 +83,20 @@ unsafe impl Send for Task {}
 
 impl Task {
     /// Wraps one reference of `arc`.
+    #[inline]
     pub(crate) fn new<R: Runnable>(arc: Arc<R>) -> Self {
+        Self::tagged(arc, 0)
+    }
+
+    /// Wraps one reference of `arc`, with `tag` for its `run`/`cancel`.
+    #[inline]
+    pub(crate) fn tagged<R: Runnable>(arc: Arc<R>, tag: usize) -> Self {
         let raw = Arc::into_raw(arc).cast_mut().cast::<()>();
         Task {
             // SAFETY: `Arc::into_raw` never returns null.
             ptr: unsafe { NonNull::new_unchecked(raw) },
             vtable: &VTableFor::<R>::VTABLE,
+            tag,
         }
     }
 
@@ -95,14 +106,14 @@ impl Task {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `ptr` owns one reference (built in `new` from the matching
         // `R`); `ManuallyDrop` stops `Drop` from releasing it a second time.
-        unsafe { (this.vtable.run)(this.ptr, cx) }
+        unsafe { (this.vtable.run)(this.ptr, cx, this.tag) }
     }
 
     /// Cancels the task (force stop), consuming the reference.
     pub(crate) fn cancel(self) {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: as in `run`.
-        unsafe { (this.vtable.cancel)(this.ptr) }
+        unsafe { (this.vtable.cancel)(this.ptr, this.tag) }
     }
 }
 
@@ -115,7 +126,10 @@ impl Drop for Task {
 
 impl fmt::Debug for Task {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Task").field("ptr", &self.ptr).finish()
+        f.debug_struct("Task")
+            .field("ptr", &self.ptr)
+            .field("tag", &self.tag)
+            .finish()
     }
 }
 
@@ -130,10 +144,10 @@ mod tests {
     }
 
     impl Runnable for Probe {
-        fn run(this: Arc<Self>, _cx: &WorkerCx<'_>) {
+        fn run(this: Arc<Self>, _cx: &WorkerCx<'_>, _tag: usize) {
             this.runs.fetch_add(1, Ordering::SeqCst);
         }
-        fn cancel(this: Arc<Self>) {
+        fn cancel(this: Arc<Self>, _tag: usize) {
             this.cancels.fetch_add(1, Ordering::SeqCst);
         }
     }

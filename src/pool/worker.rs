@@ -32,8 +32,7 @@
 //! longer wait it parks at once. The spin also stops at once when a stop
 //! begins. Under loom the spin loop yields to the scheduler.
 
-use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -42,8 +41,10 @@ use crate::pool::executor::Shared;
 use crate::pool::observe::StepLocal;
 use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::Task;
-use crate::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
-use crate::sync::{spin_loop, thread, Arc, Mutex, Queue};
+use crate::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*,
+};
+use crate::sync::{spin_loop, thread, Arc, Mutex, Queue, RunQueue, Thief};
 
 pub(crate) const RUNNING: u8 = 0;
 pub(crate) const SPINNING: u8 = 1;
@@ -61,10 +62,28 @@ pub(crate) struct Counters {
     pub(crate) spin_hits: AtomicU64,
 }
 
+/// Sightings of one step (by submitters that queued work behind it, or by
+/// idle workers looking for work) before its worker counts as stuck in it.
+/// Under loom one: every running worker counts as stuck, so that the
+/// models explore a steal wherever one can happen.
+const STUCK_SIGHTINGS: u32 = if cfg!(loom) { 1 } else { 2 };
+
 /// One worker's shared half.
 pub(crate) struct Worker {
     /// Tasks pushed from other threads (wakes, new ports, spawns).
     pub(crate) queue: Queue<Task>,
+    /// Takes the oldest task of the worker's own run queue (see "Work
+    /// conservation" in `executor.rs`).
+    thief: Thief<Task>,
+    /// The run queue itself, until the worker's thread takes it.
+    local: Mutex<Option<RunQueue<Task>>>,
+    /// Steps the worker began (wrapping): a task taken, or a message its
+    /// port runs in the slot. Written by the worker only (relaxed), read by
+    /// whoever wonders whether it is stuck.
+    steps: CachePadded<AtomicU32>,
+    /// What others saw of `steps` (see [`Worker::stuck`]) and calls for
+    /// help (see `Shared::call_helper`).
+    watched: CachePadded<Watched>,
     /// Length of the worker's local run queue, plus one during a port's
     /// turn (the rest of its inbox is work queued on this worker too;
     /// written by the worker only; for placement and stats).
@@ -74,9 +93,29 @@ pub(crate) struct Worker {
     pub(crate) counters: CachePadded<Counters>,
 }
 
+/// The part of a worker other threads write: sightings and calls.
+struct Watched {
+    /// The step last seen (low 32 bits) and how often (high 32 bits).
+    seen: AtomicU64,
+    /// Another thread asked this (idle) worker to look for a stuck one.
+    call: AtomicBool,
+    /// The worker is idle (see `Shared::idle`): out of work, looking for
+    /// some, spinning or parked. Written by the worker (SeqCst).
+    idle: AtomicBool,
+}
+
 impl Worker {
     pub(crate) fn new() -> Self {
+        let local = RunQueue::new();
         Worker {
+            thief: local.thief(),
+            local: Mutex::new(Some(local)),
+            steps: CachePadded::new(AtomicU32::new(0)),
+            watched: CachePadded::new(Watched {
+                seen: AtomicU64::new(0),
+                call: AtomicBool::new(false),
+                idle: AtomicBool::new(false),
+            }),
             queue: Queue::new(),
             local_len: AtomicUsize::new(0),
             state: CachePadded::new(AtomicU8::new(RUNNING)),
@@ -88,6 +127,74 @@ impl Worker {
     /// Tasks waiting on this worker (remote and local).
     pub(crate) fn queued(&self) -> usize {
         self.queue.len() + self.local_len.load(Relaxed)
+    }
+
+    /// One more sighting of the step this worker runs: true if it counts
+    /// as stuck in it — `RUNNING`, and the same step seen
+    /// [`STUCK_SIGHTINGS`] times. A submitter that queues work behind the
+    /// worker, or an idle worker looking for some, calls this; a worker
+    /// that makes progress moves `steps` on and is never stuck, however
+    /// busy. The sightings race (relaxed, last writer wins): a lost one only
+    /// delays the verdict by one sighting.
+    pub(crate) fn stuck(&self) -> bool {
+        if self.state.load(SeqCst) != RUNNING || self.watched.idle.load(SeqCst) {
+            return false;
+        }
+        let step = self.steps.load(Relaxed);
+        let seen = self.watched.seen.load(Relaxed);
+        let times = if seen as u32 == step {
+            (seen >> 32) as u32 + 1
+        } else {
+            1
+        };
+        if times <= STUCK_SIGHTINGS {
+            self.watched
+                .seen
+                .store(u64::from(step) | (u64::from(times) << 32), Relaxed);
+        }
+        times >= STUCK_SIGHTINGS
+    }
+
+    /// Asks this worker to look for a stuck one to help (see
+    /// `Shared::call_helper`); false if it was asked already.
+    pub(crate) fn call(&self) -> bool {
+        if self.watched.call.load(Relaxed) || self.watched.call.swap(true, SeqCst) {
+            return false;
+        }
+        fence(SeqCst);
+        self.wake_if_parked();
+        true
+    }
+
+    /// Whether it counts as idle (see `Watched::idle`).
+    #[inline]
+    pub(crate) fn is_idle(&self) -> bool {
+        self.watched.idle.load(SeqCst)
+    }
+
+    /// Marks it idle or not (its own thread; see `Shared::idle`).
+    pub(crate) fn set_idle(&self, idle: bool) {
+        self.watched.idle.store(idle, SeqCst);
+    }
+
+    /// Whether it runs a step with work waiting behind it (its queue, or
+    /// the rest of a port's inbox during a port's turn).
+    #[cfg(not(loom))]
+    fn busy_with_backlog(&self) -> bool {
+        self.state.load(Relaxed) == RUNNING && self.queued() > 0
+    }
+
+    /// Takes one task that waits on this worker: the oldest of its own run
+    /// queue, else of its queue of pushes.
+    fn steal(&self) -> Option<Task> {
+        self.thief.steal().or_else(|| self.queue.pop())
+    }
+
+    /// Whether a call or a push is waiting (what a worker about to sleep
+    /// re-checks).
+    #[inline]
+    fn has_news(&self) -> bool {
+        !self.queue.is_empty() || self.watched.call.load(SeqCst)
     }
 
     /// Wakes the worker if it is parked. Call after publishing the reason
@@ -122,8 +229,11 @@ pub(crate) struct WorkerCx<'a> {
     /// during its poll) go here without atomics; tasks from other threads
     /// arrive through `Worker::queue` and are appended here in arrival order
     /// before the next task is taken, so the order stays FIFO. Only this
-    /// thread touches it.
-    local: RefCell<VecDeque<Task>>,
+    /// thread pushes and pops; an idle worker may take the oldest task
+    /// while this one is stuck in a step (`Worker::thief`).
+    local: RunQueue<Task>,
+    /// Steps begun (see `Worker::steps`, which this mirrors).
+    progress: Cell<u32>,
     /// Credit units of finished messages not given back yet: returning them
     /// in small batches keeps the credit's cache line from crossing cores on
     /// every message. Given back when the batch is full, before a message of
@@ -163,9 +273,8 @@ impl WorkerCx<'_> {
     /// Queues a task on this (the current) worker, at the back.
     #[inline]
     pub(crate) fn push_local(&self, task: Task) {
-        let mut local = self.local.borrow_mut();
-        local.push_back(task);
-        self.publish_len(local.len());
+        self.local.push(task);
+        self.publish_len(self.local.len());
     }
 
     /// Puts a task that already had a turn (a mailbox yielding after
@@ -177,14 +286,13 @@ impl WorkerCx<'_> {
     #[inline]
     pub(crate) fn requeue_local(&self, task: Task) {
         let me = self.me();
-        let mut local = self.local.borrow_mut();
         if !me.queue.is_empty() {
             while let Some(t) = me.queue.pop() {
-                local.push_back(t);
+                self.local.push(t);
             }
         }
-        local.push_back(task);
-        self.publish_len(local.len());
+        self.local.push(task);
+        self.publish_len(self.local.len());
     }
 
     #[inline]
@@ -199,8 +307,16 @@ impl WorkerCx<'_> {
     #[inline]
     pub(crate) fn port_turn(&self, on: bool) {
         self.in_port.set(on);
-        let len = self.local.borrow().len();
-        self.publish_len(len);
+        self.publish_len(self.local.len());
+    }
+
+    /// A step begins on this worker (a task, or a message in a port's
+    /// slot): others see it making progress.
+    #[inline]
+    pub(crate) fn step(&self) {
+        let n = self.progress.get().wrapping_add(1);
+        self.progress.set(n);
+        self.me().steps.store(n, Relaxed);
     }
 
     /// A handler is about to be called or polled for a message of `source`
@@ -234,16 +350,52 @@ impl WorkerCx<'_> {
     #[inline]
     fn next_task(&self) -> Option<Task> {
         let me = self.me();
-        let mut local = self.local.borrow_mut();
         while let Some(t) = me.queue.pop() {
-            local.push_back(t);
+            self.local.push(t);
         }
-        let task = local.pop_front();
-        self.publish_len(local.len());
+        let task = self.local.pop();
+        self.publish_len(self.local.len());
         if task.is_some() {
             self.ticks.set(self.ticks.get().wrapping_add(1));
+            self.step();
         }
         task
+    }
+
+    /// Out of work: takes one task waiting behind a stuck worker's step
+    /// (see "Work conservation" in `executor.rs`) onto this worker's queue.
+    /// True if it found one.
+    fn help(&self) -> bool {
+        let me = self.me();
+        me.watched.call.store(false, Relaxed);
+        let workers = &self.shared.workers;
+        let n = workers.len();
+        for i in 1..n {
+            let w = (self.index + i) % n;
+            let other = &workers[w];
+            if other.stuck() {
+                // A task queued behind the step, else the rest of a port's
+                // turn that the step holds up.
+                if let Some(task) = other.steal().or_else(|| self.shared.takeover(w)) {
+                    self.local.push(task);
+                    self.publish_len(self.local.len());
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether another worker runs a step with work waiting behind it: then
+    /// this one parks for at most [`WATCH_PARK`], to look again.
+    #[cfg(not(loom))]
+    fn watch_others(&self) -> bool {
+        let workers = &self.shared.workers;
+        workers.len() > 1
+            && workers
+                .iter()
+                .enumerate()
+                .any(|(i, w)| i != self.index && w.busy_with_backlog())
     }
 
     /// The number of the task this worker is running (wrapping).
@@ -327,7 +479,7 @@ pub(crate) fn current_worker_with_nothing_else(shared_id: usize) -> Option<usize
         }
         // SAFETY: as in `with_worker_cx`.
         let cx = unsafe { &*cx };
-        (cx.local.borrow().is_empty() && cx.me().queue.is_empty()).then_some(cx.index)
+        (cx.local.is_empty() && cx.me().queue.is_empty()).then_some(cx.index)
     })
 }
 
@@ -442,6 +594,15 @@ pub(crate) fn on_worker_of(shared_id: usize) -> bool {
     CURRENT.with(|c| c.get() == shared_id)
 }
 
+/// The index of the worker the current thread is, if it is one of the
+/// executor at `shared_id`'s.
+pub(crate) fn current_index(shared_id: usize) -> Option<usize> {
+    if CURRENT.with(|c| c.get()) != shared_id {
+        return None;
+    }
+    with_any_cx(|cx| cx.index)
+}
+
 /// The worker thread's main loop.
 pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let me = &shared.workers[index];
@@ -452,10 +613,16 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     }
     shared.worker_started();
     let spin = shared.config.spin;
+    let local = me
+        .local
+        .lock()
+        .take()
+        .expect("a worker's run queue is taken once");
     let cx = WorkerCx {
         shared: &shared,
         index,
-        local: RefCell::new(VecDeque::new()),
+        local,
+        progress: Cell::new(0),
         pending: Cell::new(None),
         ticks: Cell::new(0),
         in_port: Cell::new(false),
@@ -475,7 +642,13 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             }
             cx.metrics.after_task(&cx);
         }
-        // Out of work: give back held-back credit before waiting.
+        // Out of work: counted idle from here (a submitter that sees it
+        // may send work; one it does not see left work this look finds),
+        // help a stuck worker, else give back held-back credit and wait.
+        let _idle = shared.idle(index);
+        if !shared.is_forced() && cx.help() {
+            continue;
+        }
         cx.flush_credit();
         let st = shared.state();
         if shared.should_exit(st) {
@@ -503,7 +676,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         shared.metrics.parking();
         me.state.swap(PARKED, SeqCst);
         fence(SeqCst);
-        if !me.queue.is_empty() || shared.state() != st || shared.should_exit(st) {
+        if me.has_news() || shared.state() != st || shared.should_exit(st) {
             // Cancel the park. If a waker already flipped us to RUNNING it
             // also unparked us: the stale token only costs a spurious wake.
             let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
@@ -511,6 +684,13 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             continue;
         }
         me.counters.parks.fetch_add(1, Relaxed);
+        #[cfg(not(loom))]
+        if cx.watch_others() {
+            park_watching(me);
+        } else {
+            park(me);
+        }
+        #[cfg(loom)]
         park(me);
         shared.metrics.unparked();
         last_wait = idle_since.elapsed();
@@ -537,6 +717,23 @@ fn park(me: &Worker) {
     }
 }
 
+/// How long a worker sleeps while another runs a step with work behind it
+/// (see [`WorkerCx::watch_others`]): a step that began after every other
+/// thread last looked at it is found stuck within about this long, even if
+/// no submitter comes by.
+#[cfg(not(loom))]
+const WATCH_PARK: Duration = Duration::from_micros(100);
+
+/// Sleeps until woken or [`WATCH_PARK`] passed; then leaves `PARKED`
+/// itself (unless a waker did: its unpark then costs one spurious wake).
+#[cfg(not(loom))]
+fn park_watching(me: &Worker) {
+    if me.state.load(SeqCst) == PARKED {
+        thread::park_timeout(WATCH_PARK);
+    }
+    let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
+}
+
 /// Spins until work arrives (true), `spin` passes, or a stop begins.
 ///
 /// Every 64 rounds it yields its core (`sched_yield`): on a machine with
@@ -548,7 +745,7 @@ fn spin_for_work(shared: &Shared, me: &Worker, spin: Duration, start: Instant, s
     let mut found = false;
     let mut i: u32 = 0;
     loop {
-        if !me.queue.is_empty() {
+        if me.has_news() {
             found = true;
             break;
         }
@@ -587,7 +784,7 @@ fn settle(shared: &Shared, me: &Worker, st: usize) -> bool {
     let mut found = false;
     for _ in 0..SETTLE_YIELDS {
         thread::yield_now();
-        if !me.queue.is_empty() {
+        if me.has_news() {
             found = true;
             break;
         }
