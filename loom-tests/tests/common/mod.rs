@@ -63,7 +63,12 @@ where
     let runs = std::sync::Arc::new(StdCounter::new(0));
     let counted = runs.clone();
     let start = Instant::now();
-    loom::model(move || {
+    // Work conservation's looks (idle counts, sightings, steals) add a
+    // few dozen scheduling points to a worker's every idle period: more
+    // than loom's default 1,000 branches in the longer models.
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 10_000;
+    builder.check(move || {
         counted.fetch_add(1, Relaxed);
         f();
     });
@@ -321,6 +326,49 @@ pub enum Act {
     YieldOnce,
     /// Pending until its [`Gate`] is opened by another thread.
     Gated(Arc<Gate>),
+    /// Blocks its worker thread in its first poll until its [`Latch`] is
+    /// opened (a step that does not return: a long computation, a
+    /// blocking call), then is ready.
+    Blocked(Arc<Latch>),
+}
+
+/// What a [`Act::Blocked`] message blocks on.
+pub struct Latch {
+    /// (the step has begun, the latch is open)
+    state: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+impl Latch {
+    pub fn new() -> Arc<Latch> {
+        Arc::new(Latch {
+            state: Mutex::new((false, false)),
+            cv: Condvar::new(),
+        })
+    }
+
+    fn enter_and_wait(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.0 = true;
+        self.cv.notify_all();
+        while !s.1 {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    /// Waits until the blocked message's step has begun.
+    pub fn wait_entered(&self) {
+        let mut s = self.state.lock().unwrap();
+        while !s.0 {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    /// Lets the blocked step return.
+    pub fn open(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.cv.notify_all();
+    }
 }
 
 /// A message: an id (the handler's output) and how to behave.
@@ -343,6 +391,12 @@ impl Msg {
         Msg {
             id,
             act: Act::Gated(gate.clone()),
+        }
+    }
+    pub fn blocked(id: u32, latch: &Arc<Latch>) -> Msg {
+        Msg {
+            id,
+            act: Act::Blocked(latch.clone()),
         }
     }
 }
@@ -435,6 +489,10 @@ impl Future for Work {
                 }
             }
             Act::Gated(gate) => gate.poll_open(cx).is_ready(),
+            Act::Blocked(latch) => {
+                latch.enter_and_wait();
+                true
+            }
         };
         if !ready {
             return Poll::Pending;

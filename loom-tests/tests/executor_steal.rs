@@ -1,0 +1,138 @@
+#![cfg(loom)]
+//! Loom models of work conservation: a step that blocks its worker does
+//! not hold up the work waiting behind it while another worker idles, and
+//! every guarantee holds while that work moves — per-key order and one at
+//! a time, nothing lost, retirement, force stop.
+//!
+//! Under loom every running worker counts as stuck at its first sighting
+//! (`STUCK_SIGHTINGS`), so a steal or a takeover is explored wherever one
+//! can happen. Keys 0 and 1 share a bucket here (loom has two, and the
+//! fixed hasher puts both keys in the first), so they share a port: key 1's
+//! message waits in the same inbox as key 0's next one.
+//!
+//! Each model's first assertion is the capability itself: the main thread
+//! waits for a message queued *behind* a blocked step before it lets that
+//! step return. Without the steal (or the takeover) it waits forever, and
+//! loom reports the deadlock.
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom -C debug_assertions" LOOM_MAX_PREEMPTIONS=2 \
+//!     cargo test -p loom-tests --release --test executor_steal
+//! ```
+
+mod common;
+
+use common::{executor, model, scripted, Event, Gate, Latch, Log, Msg, LONG};
+use keyed_executor::TaskError;
+use loom::thread;
+
+/// Steal vs. submit, and vs. retire: message 1 of key 0 blocks the worker
+/// running its port's turn; then key 0's message 2 and key 1's message 3
+/// arrive in that port's inbox. The idle worker takes over the turn: 3 runs
+/// while 1 still blocks, 2 waits for 1 (queued in 1's mailbox, which the
+/// takeover put in the map). When 1 returns, its worker runs 2 and the
+/// mailbox retires while message 4 of key 0 is submitted: 4 runs once,
+/// after 2.
+#[test]
+fn takeover_vs_submit_and_retire() {
+    model("takeover_vs_submit_and_retire", || {
+        let log = Log::new();
+        let ex = executor(2, 16);
+        let d = scripted(&ex, &log);
+        let r = d.receiver(4).unwrap();
+        let latch = Latch::new();
+        let first = r.submit_blocking(0, Msg::blocked(1, &latch)).unwrap();
+        latch.wait_entered();
+        let second = r.submit_blocking(0, Msg::now(2)).unwrap();
+        let third = r.submit_blocking(1, Msg::now(3)).unwrap();
+        assert_eq!(third.wait().unwrap(), 3);
+        assert!(!log.ended(1), "3 ran behind 1, not beside it");
+        latch.open();
+        let fourth = r.submit_blocking(0, Msg::now(4)).unwrap();
+        assert_eq!(first.wait().unwrap(), 1);
+        assert_eq!(second.wait().unwrap(), 2);
+        assert_eq!(fourth.wait().unwrap(), 4);
+        assert!(ex.shutdown(LONG));
+        log.assert_serial();
+        assert!(log.position(Event::End(1)) < log.position(Event::Start(2)));
+        assert!(log.position(Event::End(2)) < log.position(Event::Start(4)));
+        assert_eq!(d.live_mailboxes(), 0);
+        assert_eq!(r.in_flight(), 0);
+    });
+}
+
+/// Steal vs. wake: key 1's future is suspended in the port's map (its
+/// mailbox lives on the port's worker); then key 0's message blocks that
+/// worker and key 1's future is woken from the main thread. The woken
+/// mailbox goes to the idle worker, or waits on the stuck one until the
+/// idle one takes it: it completes (polled exactly twice) while key 0's
+/// step still blocks.
+#[test]
+fn steal_vs_wake() {
+    model("steal_vs_wake", || {
+        let log = Log::new();
+        let ex = executor(2, 16);
+        let d = scripted(&ex, &log);
+        let r = d.receiver(4).unwrap();
+        let gate = Gate::new();
+        let latch = Latch::new();
+        let waiting = r.submit_blocking(1, Msg::gated(1, &gate)).unwrap();
+        let blocker = r.submit_blocking(0, Msg::blocked(2, &latch)).unwrap();
+        latch.wait_entered();
+        gate.open_and_wake(0);
+        assert_eq!(waiting.wait().unwrap(), 1);
+        assert!(!log.ended(2), "1 finished behind 2, not beside it");
+        latch.open();
+        assert_eq!(blocker.wait().unwrap(), 2);
+        assert!(ex.shutdown(LONG));
+        log.assert_serial();
+        assert_eq!(log.polls(1), 2);
+        assert_eq!(d.live_mailboxes(), 0);
+        assert_eq!(r.in_flight(), 0);
+    });
+}
+
+/// Steal vs. force stop: with key 0's message 1 blocking a worker and
+/// messages 2 (key 0) and 3 (key 1) behind it, the executor is stopped
+/// while another thread lets 1 return. Every message ends exactly once —
+/// 1 runs to its end; 2 and 3 ran or are handed back — one at a time per
+/// key, 2 never before 1; nothing is left in flight.
+#[test]
+fn steal_vs_force_stop() {
+    model("steal_vs_force_stop", || {
+        let log = Log::new();
+        let ex = executor(2, 16);
+        let d = scripted(&ex, &log);
+        let r = d.receiver(4).unwrap();
+        let latch = Latch::new();
+        let first = r.submit_blocking(0, Msg::blocked(1, &latch)).unwrap();
+        latch.wait_entered();
+        let second = r.submit_blocking(0, Msg::now(2)).unwrap();
+        let third = r.submit_blocking(1, Msg::now(3)).unwrap();
+        let opener = {
+            let latch = latch.clone();
+            thread::spawn(move || latch.open())
+        };
+        ex.shutdown_now();
+        opener.join().unwrap();
+        assert_eq!(first.wait().unwrap(), 1);
+        for (c, id) in [(second, 2u32), (third, 3u32)] {
+            match c.wait() {
+                Ok(out) => {
+                    assert_eq!(out, id);
+                    assert!(log.ended(id));
+                }
+                Err(TaskError::Rejected(m)) => {
+                    assert_eq!(m.id, id);
+                    assert!(!log.started(id), "{id} handed back after it started");
+                }
+                Err(e) => panic!("message {id} ended as {e:?}"),
+            }
+        }
+        log.assert_serial();
+        if log.started(2) {
+            assert!(log.position(Event::End(1)) < log.position(Event::Start(2)));
+        }
+        assert_eq!(r.in_flight(), 0);
+    });
+}
