@@ -1,0 +1,364 @@
+//! Work conservation through the public API: a key whose step blocks its
+//! worker (a long computation, a blocking call) does not hold up the
+//! messages of other keys queued behind it while another worker is idle —
+//! whether they wait in the same port's inbox, in a woken mailbox, or
+//! behind it on the same worker — and per-key order, one at a time,
+//! nothing lost and both stops hold while work moves.
+//!
+//! The keys here hash to themselves (a pass-through hasher), so a test
+//! chooses which keys share a bucket: the bucket is the hash's bits 40 and
+//! up, so `key(b, i)` is key `i` of bucket `b`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{env_u64, seeds, Gate, Replay, Rng};
+use futures::channel::oneshot;
+use keyed_executor::{handler, KeyedExecutor, TaskError};
+
+/// Hashes a `u64` key to itself.
+#[derive(Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type ByIdentity = BuildHasherDefault<Identity>;
+
+/// Key `i` of bucket `b`.
+fn key(b: u64, i: u64) -> u64 {
+    (b << 40) | i
+}
+
+/// Waits for `f` on another thread; fails the test if it has not returned
+/// after a generous bound (it would wait for ever without the capability
+/// under test). Not a timing assertion: nothing here measures speed.
+fn within_bound<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("{what}: still waiting behind a blocked step"))
+}
+
+enum Msg {
+    /// Blocks the worker until the gate opens.
+    Block(Gate, Gate),
+    /// Records its id.
+    Fast(u64),
+}
+
+#[test]
+fn keys_queued_behind_a_blocked_step_run_on_the_idle_worker() {
+    let ex = KeyedExecutor::builder().workers(2).build().unwrap();
+    let ran: Arc<Mutex<HashMap<u64, Vec<u64>>>> = Arc::default();
+    let log = ran.clone();
+    let d = ex
+        .dispatcher_builder(handler::from_fn(move |&k: &u64, m: Msg| match m {
+            Msg::Block(started, release) => {
+                started.open();
+                release.wait();
+                log.lock().unwrap().entry(k).or_default().push(0);
+            }
+            Msg::Fast(id) => log.lock().unwrap().entry(k).or_default().push(id),
+        }))
+        .hasher(ByIdentity::default())
+        .build();
+    let r = d.receiver(4096).unwrap();
+    let (started, release) = (Gate::new(), Gate::new());
+    let slow = key(0, 0);
+    let blocked = r
+        .submit_blocking(slow, Msg::Block(started.clone(), release.clone()))
+        .unwrap();
+    started.wait();
+    // The blocked key's next message, then 300 messages of 30 other keys:
+    // a third in the blocked key's bucket (its port's inbox), the rest in
+    // buckets placed wherever (possibly on the blocked worker too).
+    let after = r.submit_blocking(slow, Msg::Fast(1)).unwrap();
+    let others: Vec<_> = (0..300u64)
+        .map(|i| {
+            let k = key(i % 3, 1 + i % 30);
+            r.submit_blocking(k, Msg::Fast(1 + i / 30)).unwrap()
+        })
+        .collect();
+    within_bound("the other keys' messages", move || {
+        for c in others {
+            c.wait().unwrap();
+        }
+    });
+    assert!(
+        !ran.lock().unwrap().contains_key(&slow),
+        "the blocked key's next message ran beside its blocked one"
+    );
+    release.open();
+    blocked.wait().unwrap();
+    after.wait().unwrap();
+    assert!(ex.shutdown(Duration::from_secs(30)));
+    let ran = ran.lock().unwrap();
+    assert_eq!(ran[&slow], vec![0, 1]);
+    for i in 1..=30 {
+        let k = key((i - 1) % 3, i);
+        assert_eq!(ran[&k], (1..=10).collect::<Vec<_>>(), "key {k:#x}");
+    }
+    assert_eq!(d.live_mailboxes(), 0);
+}
+
+enum AsyncMsg {
+    Block(Gate, Gate),
+    Wait(oneshot::Receiver<u64>),
+}
+
+#[test]
+fn a_future_woken_behind_a_blocked_step_runs_on_the_idle_worker() {
+    let ex = KeyedExecutor::builder().workers(2).build().unwrap();
+    let d = ex
+        .dispatcher_builder(handler::from_async_fn(|_k: u64, m: AsyncMsg| async move {
+            match m {
+                AsyncMsg::Block(started, release) => {
+                    started.open();
+                    release.wait();
+                    0
+                }
+                AsyncMsg::Wait(rx) => rx.await.unwrap_or(u64::MAX),
+            }
+        }))
+        .hasher(ByIdentity::default())
+        .build();
+    let r = d.receiver(64).unwrap();
+    // Ten futures of bucket 0's keys suspend on that port's worker, then a
+    // key of the same bucket blocks that worker.
+    let (txs, waiting): (Vec<_>, Vec<_>) = (1..=10u64)
+        .map(|i| {
+            let (tx, rx) = oneshot::channel();
+            (
+                tx,
+                r.submit_blocking(key(0, i), AsyncMsg::Wait(rx)).unwrap(),
+            )
+        })
+        .unzip();
+    let (started, release) = (Gate::new(), Gate::new());
+    let blocked = r
+        .submit_blocking(key(0, 0), AsyncMsg::Block(started.clone(), release.clone()))
+        .unwrap();
+    started.wait();
+    for (i, tx) in txs.into_iter().enumerate() {
+        tx.send(i as u64).unwrap();
+    }
+    let outs = within_bound("the woken futures", move || {
+        waiting
+            .into_iter()
+            .map(|c| c.wait().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(outs, (0..10).collect::<Vec<u64>>());
+    release.open();
+    assert_eq!(blocked.wait().unwrap(), 0);
+    assert!(ex.shutdown(Duration::from_secs(30)));
+    assert_eq!(d.live_mailboxes(), 0);
+}
+
+/// Randomized: several producers, keys spread over a few buckets (so ports
+/// are shared), 1 in 15 messages a slow step (it sleeps, blocking its
+/// worker), some async ones that yield; the executor drains, or is stopped
+/// gracefully or by force part way. Per key: the messages that ran ran in
+/// submission order, one at a time; every accepted message ended exactly
+/// once (ran, or handed back by the force stop); nothing is left in flight.
+#[test]
+fn slow_keys_with_stops_keep_every_guarantee() {
+    for seed in seeds(env_u64("KEYED_SLOW_ROUNDS", 20)) {
+        let _replay = Replay::new("slow_keys_with_stops_keep_every_guarantee", seed);
+        slow_keys_round(seed);
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Fast,
+    Slow(u64),
+    Yield,
+}
+
+struct Round {
+    /// Per key: the sequence numbers that ran, in the order they ran.
+    ran: Mutex<HashMap<u64, Vec<u64>>>,
+    /// Per key: a message is running.
+    busy: Mutex<HashMap<u64, bool>>,
+    overlaps: AtomicUsize,
+}
+
+impl Round {
+    fn enter(&self, k: u64, seq: u64) {
+        if std::mem::replace(self.busy.lock().unwrap().entry(k).or_default(), true) {
+            self.overlaps.fetch_add(1, SeqCst);
+        }
+        self.ran.lock().unwrap().entry(k).or_default().push(seq);
+    }
+    fn leave(&self, k: u64) {
+        self.busy.lock().unwrap().insert(k, false);
+    }
+}
+
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+fn slow_keys_round(seed: u64) {
+    let mut rng = Rng::new(seed);
+    let workers = rng.range(2, 4) as usize;
+    let throughput = rng.range(1, 17) as usize;
+    let buckets = rng.range(1, 4);
+    let producers = rng.range(1, 4);
+    let keys_per = rng.range(2, 9);
+    let per_producer = rng.range(50, 200);
+    let stop = rng.below(3); // 0 drain, 1 graceful part way, 2 force part way
+    let ex = KeyedExecutor::builder()
+        .workers(workers)
+        .throughput(throughput)
+        .build()
+        .unwrap();
+    let round = Arc::new(Round {
+        ran: Mutex::default(),
+        busy: Mutex::default(),
+        overlaps: AtomicUsize::new(0),
+    });
+    let rr = round.clone();
+    let d = ex
+        .dispatcher_builder(handler::from_async_fn(
+            move |k: u64, (seq, kind): (u64, Kind)| {
+                let r = rr.clone();
+                async move {
+                    r.enter(k, seq);
+                    match kind {
+                        Kind::Fast => {}
+                        Kind::Slow(us) => std::thread::sleep(Duration::from_micros(us)),
+                        Kind::Yield => YieldOnce(false).await,
+                    }
+                    r.leave(k);
+                    seq
+                }
+            },
+        ))
+        .hasher(ByIdentity::default())
+        .build();
+    let stopping = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..producers)
+        .map(|p| {
+            let r = d.receiver(rng.range(4, 64) as usize).unwrap();
+            let mut rng = rng.fork();
+            let stopping = stopping.clone();
+            std::thread::spawn(move || {
+                let mut accepted = Vec::new();
+                for seq in 0..per_producer {
+                    if stopping.load(SeqCst) && rng.percent(50) {
+                        break;
+                    }
+                    let k = key(rng.below(buckets), p * 100 + rng.below(keys_per));
+                    let kind = match rng.below(15) {
+                        0 => Kind::Slow(rng.range(100, 1500)),
+                        1..=3 => Kind::Yield,
+                        _ => Kind::Fast,
+                    };
+                    // Refused at a stop: never accepted.
+                    if let Ok(c) = r.submit_blocking(k, (seq, kind)) {
+                        accepted.push((k, seq, c));
+                    }
+                }
+                accepted
+            })
+        })
+        .collect();
+    if stop != 0 {
+        std::thread::sleep(Duration::from_micros(rng.range(200, 5000)));
+        stopping.store(true, SeqCst);
+    }
+    let forced = match stop {
+        2 => {
+            ex.shutdown_now();
+            true
+        }
+        _ => false,
+    };
+    let accepted: Vec<(u64, u64, _)> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    if !forced {
+        assert!(
+            ex.shutdown(Duration::from_secs(60)),
+            "seed {seed:#x}: drain"
+        );
+    }
+    // Every accepted message ended exactly once, as the run says.
+    let ran = round.ran.lock().unwrap().clone();
+    let mut ended: HashMap<u64, Vec<u64>> = HashMap::new();
+    for (k, seq, c) in accepted {
+        match c.wait() {
+            Ok(out) => {
+                assert_eq!(out, seq);
+                ended.entry(k).or_default().push(seq);
+            }
+            Err(TaskError::Rejected(_)) | Err(TaskError::Cancelled) => {
+                assert!(forced, "seed {seed:#x}: handed back without a force stop");
+            }
+            Err(e) => panic!("seed {seed:#x}: {k:#x}/{seq} ended as {e:?}"),
+        }
+    }
+    assert_eq!(
+        round.overlaps.load(SeqCst),
+        0,
+        "seed {seed:#x}: a key overlapped"
+    );
+    for (k, seqs) in &ran {
+        let mut sorted = seqs.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            &sorted, seqs,
+            "seed {seed:#x}: key {k:#x} out of order or twice"
+        );
+    }
+    for (k, seqs) in &ended {
+        // Completed ones all ran (a cancelled future may have started too).
+        let ran_k = ran.get(k).cloned().unwrap_or_default();
+        for s in seqs {
+            assert!(
+                ran_k.contains(s),
+                "seed {seed:#x}: {k:#x}/{s} completed unrun"
+            );
+        }
+        if !forced {
+            assert_eq!(&ran_k, seqs, "seed {seed:#x}: key {k:#x}");
+        }
+    }
+}
