@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{executor, model, Event, Fixed, Log, Msg, Script, LONG};
+use common::{conserving, executor, model, Event, Fixed, Log, Msg, Script, LONG};
 use loom::thread;
 
 /// One worker, one key, two producers: a spawned thread submits 1 (which
@@ -64,7 +64,9 @@ fn two_producers_one_key() {
 fn retire_vs_submit() {
     model("retire_vs_submit", || {
         let log = Log::new();
-        let ex = executor(2, 16);
+        // With work conservation: the idle worker may take the port's task
+        // or turn while the first message runs.
+        let ex = conserving(2, 16);
         let d = ex
             .dispatcher_builder(Script::probed(&log))
             .hasher(Fixed::default())

@@ -22,7 +22,7 @@
 
 mod common;
 
-use common::{executor, model, scripted, Event, Gate, Latch, Log, Msg, LONG};
+use common::{conserving, model, scripted, Event, Gate, Latch, Log, Msg, LONG};
 use keyed_executor::TaskError;
 use loom::thread;
 
@@ -37,7 +37,7 @@ use loom::thread;
 fn takeover_vs_submit_and_retire() {
     model("takeover_vs_submit_and_retire", || {
         let log = Log::new();
-        let ex = executor(2, 16);
+        let ex = conserving(2, 16);
         let d = scripted(&ex, &log);
         let r = d.receiver(4).unwrap();
         let latch = Latch::new();
@@ -71,7 +71,7 @@ fn takeover_vs_submit_and_retire() {
 fn steal_vs_wake() {
     model("steal_vs_wake", || {
         let log = Log::new();
-        let ex = executor(2, 16);
+        let ex = conserving(2, 16);
         let d = scripted(&ex, &log);
         let r = d.receiver(4).unwrap();
         let gate = Gate::new();
@@ -101,7 +101,7 @@ fn steal_vs_wake() {
 fn steal_vs_force_stop() {
     model("steal_vs_force_stop", || {
         let log = Log::new();
-        let ex = executor(2, 16);
+        let ex = conserving(2, 16);
         let d = scripted(&ex, &log);
         let r = d.receiver(4).unwrap();
         let latch = Latch::new();

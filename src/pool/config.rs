@@ -58,6 +58,7 @@ pub struct Builder {
     workers: Option<usize>,
     throughput: usize,
     spin: Duration,
+    work_conservation: bool,
     thread_name: String,
     stack_size: Option<usize>,
     on_thread_start: Option<ThreadHook>,
@@ -74,6 +75,7 @@ impl fmt::Debug for Builder {
             .field("workers", &self.workers)
             .field("throughput", &self.throughput)
             .field("spin", &self.spin)
+            .field("work_conservation", &self.work_conservation)
             .field("thread_name", &self.thread_name)
             .field("stack_size", &self.stack_size)
             .field("slow_step", &self.slow_step)
@@ -87,6 +89,7 @@ impl Default for Builder {
             workers: None,
             throughput: DEFAULT_THROUGHPUT,
             spin: Duration::ZERO,
+            work_conservation: true,
             thread_name: DEFAULT_THREAD_NAME.to_owned(),
             stack_size: None,
             on_thread_start: None,
@@ -149,6 +152,31 @@ impl Builder {
     /// (cgroup limit), leave it at zero**: spinning eats the quota.
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
+        self
+    }
+
+    /// Whether an idle worker takes work waiting behind a worker stuck in a
+    /// long step (a CPU-heavy message, a handler that blocks). Default
+    /// `true`.
+    ///
+    /// With it, a key's messages may run on another worker than the one
+    /// its pin names once that worker was seen stuck; per-key order, one
+    /// at a time, fairness and the stops hold either way (see the crate
+    /// docs, "Work conservation"). Turn it off only to keep every key on
+    /// the worker it was placed on for good — for handlers that rely on a
+    /// worker's thread-local state, say — accepting that keys queued behind
+    /// a long step wait for it even while another worker idles.
+    ///
+    /// ```
+    /// let executor = keyed_executor::KeyedExecutor::builder()
+    ///     .workers(2)
+    ///     .work_conservation(false)
+    ///     .build()
+    ///     .unwrap();
+    /// # drop(executor);
+    /// ```
+    pub fn work_conservation(mut self, on: bool) -> Self {
+        self.work_conservation = on;
         self
     }
 
@@ -291,6 +319,7 @@ impl Builder {
             workers,
             throughput: self.throughput,
             spin: self.spin,
+            work_conservation: self.work_conservation,
             thread_name: self.thread_name,
             stack_size: self.stack_size,
             on_thread_start: self.on_thread_start,
@@ -308,6 +337,7 @@ pub(crate) struct Config {
     pub(crate) workers: usize,
     pub(crate) throughput: usize,
     pub(crate) spin: Duration,
+    pub(crate) work_conservation: bool,
     pub(crate) thread_name: String,
     pub(crate) stack_size: Option<usize>,
     pub(crate) on_thread_start: Option<ThreadHook>,
@@ -328,6 +358,7 @@ mod tests {
         assert!(c.workers >= 1);
         assert_eq!(c.throughput, 16);
         assert_eq!(c.spin, Duration::ZERO);
+        assert!(c.work_conservation);
         assert_eq!(c.thread_name, "keyed-worker");
     }
 

@@ -314,6 +314,9 @@ impl WorkerCx<'_> {
     /// slot): others see it making progress.
     #[inline]
     pub(crate) fn step(&self) {
+        if !self.shared.config.work_conservation {
+            return;
+        }
         let n = self.progress.get().wrapping_add(1);
         self.progress.set(n);
         self.me().steps.store(n, Relaxed);
@@ -645,8 +648,9 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // Out of work: counted idle from here (a submitter that sees it
         // may send work; one it does not see left work this look finds),
         // help a stuck worker, else give back held-back credit and wait.
-        let _idle = shared.idle(index);
-        if !shared.is_forced() && cx.help() {
+        let conserve = shared.config.work_conservation;
+        let _idle = conserve.then(|| shared.idle(index));
+        if conserve && !shared.is_forced() && cx.help() {
             continue;
         }
         cx.flush_credit();
@@ -685,7 +689,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         }
         me.counters.parks.fetch_add(1, Relaxed);
         #[cfg(not(loom))]
-        if cx.watch_others() {
+        if conserve && cx.watch_others() {
             park_watching(me);
         } else {
             park(me);

@@ -34,8 +34,25 @@ pub type Fixed = BuildHasherDefault<DefaultHasher>;
 /// deadlock rather than as `false`.
 pub const LONG: Duration = Duration::from_secs(3600);
 
-/// An executor with `workers` threads and the given `throughput`.
+/// An executor with `workers` threads and the given `throughput`, without
+/// work conservation: an idle worker's look for a stuck one (an idle count,
+/// sightings, steal attempts) adds dozens of scheduling points to every
+/// idle period, multiplying these models' executions 2–5 times for races
+/// they do not check. The models of work conservation
+/// (`executor_steal.rs`, `retire_vs_submit`) use [`conserving`].
 pub fn executor(workers: usize, throughput: usize) -> KeyedExecutor {
+    KeyedExecutor::builder()
+        .workers(workers)
+        .throughput(throughput)
+        .work_conservation(false)
+        .build()
+        .expect("executor")
+}
+
+/// An executor with the default work conservation (under loom every
+/// running worker counts as stuck at the first look, so steals and
+/// takeovers happen wherever they can).
+pub fn conserving(workers: usize, throughput: usize) -> KeyedExecutor {
     KeyedExecutor::builder()
         .workers(workers)
         .throughput(throughput)
