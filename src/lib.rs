@@ -51,10 +51,10 @@
 //!   makes progress — except work *waiting* behind a worker stuck in one
 //!   long step (a CPU-heavy message, a handler that blocks): while another
 //!   worker is idle, it takes that work — the rest of the stuck port's
-//!   inbox, mailboxes queued or woken behind the step — and the moved
-//!   mailboxes stay on their new worker. The step itself never moves, and
-//!   its key's next messages wait for it (one at a time, in order, as
-//!   ever). A worker counts as stuck once two looks (by submitters with work
+//!   inbox, mailboxes queued or woken behind the step — for one turn, after
+//!   which the work goes back to its own worker (and moves again only if
+//!   that one is still stuck). The step itself never moves, and its key's
+//!   next messages wait for it (one at a time, in order, as ever). A worker counts as stuck once two looks (by submitters with work
 //!   for it, or by idle workers) found it in the same step; see
 //!   "Choosing settings" for what to expect.
 //! - **Routing.** A submitter records the message in its key's pin (which

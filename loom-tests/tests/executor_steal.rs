@@ -26,16 +26,16 @@ use common::{conserving, model, scripted, Event, Gate, Latch, Log, Msg, LONG};
 use keyed_executor::TaskError;
 use loom::thread;
 
-/// Steal vs. submit, and vs. retire: message 1 of key 0 blocks the worker
-/// running its port's turn; then key 0's message 2 and key 1's message 3
-/// arrive in that port's inbox. The idle worker takes over the turn: 3 runs
-/// while 1 still blocks, 2 waits for 1 (queued in 1's mailbox, which the
-/// takeover put in the map). When 1 returns, its worker runs 2 and the
-/// mailbox retires while message 4 of key 0 is submitted: 4 runs once,
-/// after 2.
+/// Takeover vs. submit: message 1 of key 0 blocks the worker running its
+/// port's turn; then key 0's message 2 and key 1's message 3 arrive in
+/// that port's inbox. The idle worker takes over the turn: 3 runs while 1
+/// still blocks, 2 waits for 1 (queued in 1's mailbox, which the takeover
+/// put in the map). When 1 returns, its worker runs 2 as that mailbox and
+/// retires it. (Retirement racing a submit, with work conservation on, is
+/// `executor_order::retire_vs_submit`.)
 #[test]
-fn takeover_vs_submit_and_retire() {
-    model("takeover_vs_submit_and_retire", || {
+fn takeover_vs_submit() {
+    model("takeover_vs_submit", || {
         let log = Log::new();
         let ex = conserving(2, 16);
         let d = scripted(&ex, &log);
@@ -48,14 +48,11 @@ fn takeover_vs_submit_and_retire() {
         assert_eq!(third.wait().unwrap(), 3);
         assert!(!log.ended(1), "3 ran behind 1, not beside it");
         latch.open();
-        let fourth = r.submit_blocking(0, Msg::now(4)).unwrap();
         assert_eq!(first.wait().unwrap(), 1);
         assert_eq!(second.wait().unwrap(), 2);
-        assert_eq!(fourth.wait().unwrap(), 4);
         assert!(ex.shutdown(LONG));
         log.assert_serial();
         assert!(log.position(Event::End(1)) < log.position(Event::Start(2)));
-        assert!(log.position(Event::End(2)) < log.position(Event::Start(4)));
         assert_eq!(d.live_mailboxes(), 0);
         assert_eq!(r.in_flight(), 0);
     });
@@ -77,6 +74,7 @@ fn steal_vs_wake() {
         let gate = Gate::new();
         let latch = Latch::new();
         let waiting = r.submit_blocking(1, Msg::gated(1, &gate)).unwrap();
+        gate.wait_stored();
         let blocker = r.submit_blocking(0, Msg::blocked(2, &latch)).unwrap();
         latch.wait_entered();
         gate.open_and_wake(0);

@@ -29,10 +29,10 @@
 //!
 //! A bucket keeps the port it was placed on for the dispatcher's life (the
 //! gate's per-bucket counts, `sent` and `received`, are kept for un-placing
-//! idle buckets but not read yet). A port, though, is not bound to its
-//! worker: its task carries the port's index (the task's tag), and it runs
-//! wherever it is queued — on its `home`, the worker that ran its last
-//! turn, unless work conservation moved it (see `executor.rs`).
+//! idle buckets but not read yet). Port `p` belongs to worker `p`: its task
+//! is queued there, and its mailboxes run there. Its task carries the
+//! port's index (the task's tag), so that another worker can run it when
+//! work conservation moves it (see `executor.rs`): for that turn only.
 //!
 //! # Taking over a turn
 //!
@@ -49,8 +49,8 @@
 //! - Under the gate, if the slot is still lent (`lent`), the taker puts
 //!   the lent slot in the map as its key's mailbox (so that key's next
 //!   deliveries queue behind its running message), bumps `epoch`, becomes
-//!   the `runner` and the port's `home`, and runs the rest of the turn as
-//!   its own. `state` stays `RUNNING` throughout: nobody else schedules the
+//!   the `runner` (and `running_on`, the lock-free hint of it), and runs
+//!   the rest of the turn as its own. `state` stays `RUNNING` throughout: nobody else schedules the
 //!   port meanwhile.
 //! - The old runner, when its message returns, finds `epoch` changed under
 //!   the gate: the turn is not its own any more. It goes on as the slot's
@@ -477,9 +477,10 @@ type Deferred<K, M, O> = (Delivery<K, M, O>, Stamp);
 /// the worker sees the push (SeqCst fences on both sides).
 struct Port<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
-    /// The worker its task is queued on: the one that ran its last turn
-    /// (written by the runner at the start of a turn, relaxed).
-    home: AtomicUsize,
+    /// The worker running (or that last ran) its turn, or that its task
+    /// was last queued on: a hint for submitters' stuck checks (the gate's
+    /// `runner` is the truth).
+    running_on: AtomicUsize,
     /// A takeover of its turn is on its way to an idle worker (set by the
     /// submitter that sent it, cleared by whoever runs it).
     rescue: AtomicBool,
@@ -694,13 +695,18 @@ where
             // A handler submitting to a key of its own worker queues the
             // port locally (no wake-up: it is running); anyone else pushes
             // it on the worker's queue and wakes it if it sleeps.
-            let home = port.home.load(Relaxed);
             let mut task = Some(Task::tagged(this.clone(), p));
-            let _ = crate::pool::worker::with_worker_cx(this.shared.id(), home, |cx| {
+            let _ = crate::pool::worker::with_worker_cx(this.shared.id(), p, |cx| {
                 cx.push_local(task.take().expect("taken once"));
             });
-            if let Some(task) = task {
-                this.shared.schedule(home, task);
+            // Where it went (an idle worker, if `p` is stuck): the
+            // submitters' look at it (`nudge`) follows the task.
+            let on = match task {
+                Some(task) => this.shared.schedule(p, task),
+                None => p,
+            };
+            if port.running_on.load(Relaxed) != on {
+                port.running_on.store(on, Relaxed);
             }
         } else if st != PORT_IDLE && this.shared.any_idle() {
             Self::nudge(this, p, st);
@@ -714,22 +720,23 @@ where
     #[cold]
     fn nudge(this: &Arc<Self>, p: usize, st: usize) {
         let port = &this.ports[p];
-        let home = port.home.load(SeqCst);
+        // The worker its task was queued on, or its turn runs on.
+        let on = port.running_on.load(SeqCst);
         let shared = &this.shared;
-        if crate::pool::worker::current_index(shared.id()) == Some(home)
-            || !shared.workers[home].stuck()
+        if crate::pool::worker::current_index(shared.id()) == Some(on)
+            || !shared.workers[on].stuck()
         {
             return;
         }
         if st == PORT_SCHEDULED {
             // Its task waits behind the stuck step: an idle worker takes it.
-            shared.call_helper(home);
+            shared.call_helper(on);
             return;
         }
         if port.rescue.load(Relaxed) || port.rescue.swap(true, AcqRel) {
             return;
         }
-        match shared.idle_worker(home) {
+        match shared.idle_worker(on) {
             Some(i) => shared.push(i, Task::tagged(this.clone(), p | TAKEOVER)),
             None => port.rescue.store(false, Release),
         }
@@ -1056,9 +1063,9 @@ where
                         .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
                         .is_ok()
                 {
-                    let home = port.home.load(Relaxed);
-                    this.shared
-                        .schedule(home, Task::tagged(this.clone(), worker));
+                    let _ = this
+                        .shared
+                        .schedule(worker, Task::tagged(this.clone(), worker));
                 }
             }
             for (key, env) in handed {
@@ -1100,10 +1107,10 @@ where
         cx.port_turn(true);
         let mut gate = port.gate.lock();
         if gate.runner != cx.index {
-            // Moved here from a stuck worker: it lives here now. The turn
+            // Taken from a stuck worker (or back from one): the turn
             // records were the other worker's tasks'.
             gate.runner = cx.index;
-            port.home.store(cx.index, SeqCst);
+            port.running_on.store(cx.index, SeqCst);
             gate.turns.forget();
         }
         let epoch = gate.epoch;
@@ -1140,7 +1147,7 @@ where
         gate.epoch = gate.epoch.wrapping_add(1);
         let epoch = gate.epoch;
         gate.runner = cx.index;
-        port.home.store(cx.index, SeqCst);
+        port.running_on.store(cx.index, SeqCst);
         gate.turns.forget();
         drop(slot);
         cx.port_turn(true);
@@ -1225,7 +1232,6 @@ where
                     slot.assign(key, hash);
                     slot.lend();
                 }
-                slot.set_home(cx.index);
                 gate.lent = Some(Lent(mailbox_ptr(&slot)));
                 drop(gate);
                 cx.step();
@@ -1297,7 +1303,6 @@ where
                     continue;
                 }
                 crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
-                m.set_home(cx.index);
                 // SAFETY: free, assigned, under the gate.
                 unsafe { m.schedule_with(env, stamp) };
                 drop(gate);
@@ -2048,7 +2053,7 @@ where
                 .map(|p| {
                     CachePadded::new(Port {
                         state: AtomicUsize::new(PORT_IDLE),
-                        home: AtomicUsize::new(p),
+                        running_on: AtomicUsize::new(p),
                         rescue: AtomicBool::new(false),
                         closed: AtomicBool::new(false),
                         deferred: AtomicBool::new(false),

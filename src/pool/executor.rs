@@ -42,10 +42,9 @@
 //!
 //! # Work conservation
 //!
-//! A task stays on the worker it was queued on, and a port's mailboxes on
-//! the worker that runs the port — except that work *waiting* behind a
-//! worker stuck in one step (a long handler call or poll, a handler that
-//! blocks its thread) moves to an idle one and stays there:
+//! A port and its mailboxes belong to one worker — except that work
+//! *waiting* behind a worker stuck in one step (a long handler call or
+//! poll, a handler that blocks its thread) runs on an idle one meanwhile:
 //!
 //! - *Stuck*: a worker is `RUNNING` and the same step (its `steps` count: a
 //!   task taken, or a message its port runs in the slot) was seen twice
@@ -62,9 +61,16 @@
 //! - An idle worker, before it spins or parks, and whenever called, takes
 //!   one task of a stuck worker (the oldest of its run queue, else of its
 //!   queue of pushes; `WorkerCx::help`), runs it, and looks again.
-//! - What moved runs on its new worker from then on: a mailbox wakes onto
-//!   the worker that ran it last, a port's task goes to the worker that ran
-//!   its last turn. The running step never moves.
+//! - What moved runs there for one turn, then goes home: the port's next
+//!   task is queued on its own worker again (and moves again only if that
+//!   worker is still stuck), and a mailbox that yields or is woken goes to
+//!   its port's worker. The running step never moves. (Letting moved work
+//!   stay — the port's home following whoever ran it last — was built and
+//!   measured: on the slow-key workload the slow key's port then followed
+//!   the free worker and took the slow key along, so the two workers kept
+//!   swapping which one the slow key blocked; see BENCHMARKS.md.)
+//! - A helper is called at most once per stuck step (`called`); after each
+//!   task it takes it looks again by itself.
 
 use std::fmt;
 use std::hash::Hash;
@@ -234,9 +240,10 @@ impl Shared {
     }
 
     /// Pushes `task` on `worker`'s queue from any thread, waking the worker
-    /// if it sleeps.
+    /// if it sleeps — or on an idle worker's, if `worker` is stuck. Returns
+    /// the worker it pushed to.
     #[inline]
-    pub(crate) fn schedule(&self, worker: usize, task: Task) {
+    pub(crate) fn schedule(&self, worker: usize, task: Task) -> usize {
         let worker = if self.any_idle() {
             self.redirect(worker)
         } else {
@@ -249,6 +256,7 @@ impl Shared {
         if self.any_idle() {
             self.call_if_stuck(worker);
         }
+        worker
     }
 
     /// Calls an idle worker to help `worker` if it is stuck (and is not
@@ -319,8 +327,12 @@ impl Shared {
     /// worker to take it.
     #[cold]
     pub(crate) fn call_helper(&self, stuck: usize) {
+        // Once per stuck step: the helper looks again by itself after each
+        // task it takes, so more calls would only cost it wake-ups.
         if let Some(i) = self.idle_worker(stuck) {
-            self.workers[i].call();
+            if self.workers[stuck].first_call_for_step() {
+                self.workers[i].call();
+            }
         }
     }
 

@@ -76,13 +76,15 @@
 //! # Where it runs
 //!
 //! A mailbox belongs to one port for good (`port`: the map it joins, the
-//! spares it returns to) but runs on its `home`: the worker that lends or
-//! queues it, then whichever worker runs it — an idle worker that took it
-//! from a stuck one (see "Work conservation" in `executor.rs`) becomes its
-//! home, and its wakes queue it there. A port's slot may even be taken
-//! into the map while it runs, by a worker taking over the port's turn
-//! (see "Taking over a turn" in `dispatcher.rs`): it is `RUNNING` then, so
-//! only deliveries into its queue follow, as for any running mailbox.
+//! spares it returns to) and runs on that port's worker: wakes queue it
+//! there, and so does a turn that yields. A mailbox that work conservation
+//! gave to another worker (see "Work conservation" in `executor.rs`) runs
+//! that turn there and then goes back (`requeue`): its deliveries come
+//! through its port, and a key split from its port would cost every
+//! message a hand-off between cores. A port's slot may even be taken into
+//! the map while it runs, by a worker taking over the port's turn (see
+//! "Taking over a turn" in `dispatcher.rs`): it is `RUNNING` then, so only
+//! deliveries into its queue follow, as for any running mailbox.
 //!
 //! # Force stop
 //!
@@ -270,14 +272,9 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
     queue: SpinLock<VecDeque<Queued<M, H::Output>>>,
     /// The key's hash (its submitter's); written with `key`.
     hash: UnsafeCell<u64>,
-    /// The port whose map and spares it belongs to (for good).
+    /// The port whose map and spares it belongs to (for good). It runs on
+    /// that port's worker (see "Where it runs").
     port: usize,
-    /// The worker it runs on, where a wake queues it: the one that ran it
-    /// last (a worker that takes it from a stuck one becomes its home; see
-    /// "Work conservation" in `executor.rs`). Written by its owner (the
-    /// runner, or the port's gate holder while it is free), read by wakers
-    /// after the transition that hands them the mailbox.
-    home: AtomicUsize,
 }
 
 // SAFETY: the `UnsafeCell`s are only accessed by the single party that owns
@@ -322,7 +319,6 @@ where
             queue: SpinLock::new(VecDeque::new()),
             hash: UnsafeCell::new(0),
             port,
-            home: AtomicUsize::new(port),
         }
     }
 
@@ -332,20 +328,23 @@ where
         self.port
     }
 
-    /// The worker a wake queues it on.
+    /// The worker it runs on: its port's.
     #[inline]
     fn home(&self) -> usize {
-        self.home.load(Relaxed)
+        self.port
     }
 
-    /// Makes `worker` its home (see `home`).
-    ///
-    /// Its owner only: the runner, or the port's gate holder while the
-    /// mailbox is free or about to be queued or lent by it.
+    /// Queues a mailbox that already had a turn again: at the back of this
+    /// worker's queue, or, if it ran here only because work conservation
+    /// gave it to this worker, back on its port's worker.
     #[inline]
-    pub(crate) fn set_home(&self, worker: usize) {
-        if self.home.load(Relaxed) != worker {
-            self.home.store(worker, Relaxed);
+    fn requeue(this: Arc<Self>, cx: &WorkerCx<'_>) {
+        let home = this.home();
+        if home == cx.index {
+            cx.requeue_local(Task::new(this));
+        } else {
+            let shared = this.dispatcher.shared.clone();
+            shared.schedule(home, Task::new(this));
         }
     }
 
@@ -753,8 +752,7 @@ where
             if budget == 0 {
                 // Fairness: go behind the other mailboxes of this worker.
                 this.state.swap(SCHEDULED, AcqRel);
-                cx.requeue_local(Task::new(this));
-                return;
+                return Self::requeue(this, cx);
             }
             match this.next() {
                 Next::Message(env, stamp) => {
@@ -866,7 +864,7 @@ where
                 this.clear_stop_check();
                 Self::after_pending(this, cx)
             }
-            AfterPending::Requeued => cx.requeue_local(Task::new(this)),
+            AfterPending::Requeued => Self::requeue(this, cx),
             AfterPending::Suspended => {
                 // A force stop that began before we suspended may have found
                 // us RUNNING and left us to cancel ourselves.
@@ -1018,9 +1016,7 @@ where
         if !this.claim_scheduled(RUNNING) {
             return;
         }
-        // Taken from a stuck worker (or redirected to this one): it lives
-        // here now.
-        this.set_home(cx.index);
+
         let mut budget = this.dispatcher.shared.config.throughput;
         // SAFETY: we own the turn.
         if this.has_current() && unsafe { this.current_is_stopped() } {

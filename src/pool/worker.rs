@@ -99,6 +99,9 @@ struct Watched {
     seen: AtomicU64,
     /// Another thread asked this (idle) worker to look for a stuck one.
     call: AtomicBool,
+    /// The step of this worker for which a helper was last called (see
+    /// `Shared::call_helper`).
+    called: AtomicU32,
     /// The worker is idle (see `Shared::idle`): out of work, looking for
     /// some, spinning or parked. Written by the worker (SeqCst).
     idle: AtomicBool,
@@ -114,6 +117,7 @@ impl Worker {
             watched: CachePadded::new(Watched {
                 seen: AtomicU64::new(0),
                 call: AtomicBool::new(false),
+                called: AtomicU32::new(u32::MAX),
                 idle: AtomicBool::new(false),
             }),
             queue: Queue::new(),
@@ -140,6 +144,9 @@ impl Worker {
         if self.state.load(SeqCst) != RUNNING || self.watched.idle.load(SeqCst) {
             return false;
         }
+        if STUCK_SIGHTINGS == 1 {
+            return true;
+        }
         let step = self.steps.load(Relaxed);
         let seen = self.watched.seen.load(Relaxed);
         let times = if seen as u32 == step {
@@ -153,6 +160,13 @@ impl Worker {
                 .store(u64::from(step) | (u64::from(times) << 32), Relaxed);
         }
         times >= STUCK_SIGHTINGS
+    }
+
+    /// True the first time it is asked for the step this worker runs now
+    /// (a helper is called once per stuck step).
+    pub(crate) fn first_call_for_step(&self) -> bool {
+        let step = self.steps.load(Relaxed);
+        self.watched.called.load(Relaxed) != step && self.watched.called.swap(step, Relaxed) != step
     }
 
     /// Asks this worker to look for a stuck one to help (see
@@ -376,7 +390,10 @@ impl WorkerCx<'_> {
         for i in 1..n {
             let w = (self.index + i) % n;
             let other = &workers[w];
-            if other.stuck() {
+            // Nothing queued and no port's turn under way: nothing waits
+            // behind its step.
+            let waiting = other.local_len.load(Relaxed) != 0 || !other.queue.is_empty();
+            if waiting && other.stuck() {
                 // A task queued behind the step, else the rest of a port's
                 // turn that the step holds up.
                 if let Some(task) = other.steal().or_else(|| self.shared.takeover(w)) {

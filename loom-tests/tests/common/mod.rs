@@ -302,6 +302,15 @@ impl Gate {
         drop(waker);
     }
 
+    /// Waits until a poll stored its waker (the future is pending, or about
+    /// to return `Pending`), without opening the gate.
+    pub fn wait_stored(&self) {
+        let mut slot = self.waker.lock().unwrap();
+        while slot.0.is_none() {
+            slot = self.stored.wait(slot).unwrap();
+        }
+    }
+
     /// Opens the gate before anyone polls it (no waker involved).
     pub fn open_now(&self) {
         self.open.store(true, SeqCst);
