@@ -317,6 +317,11 @@ mod imp {
     pub(crate) struct Thief<T>(crossbeam_deque::Stealer<T>);
 
     impl<T> Thief<T> {
+        #[inline]
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
+
         pub(crate) fn steal(&self) -> Option<T> {
             loop {
                 match self.0.steal() {
@@ -620,6 +625,10 @@ mod imp {
     pub(crate) struct Thief<T>(Arc<Mutex<VecDeque<T>>>);
 
     impl<T> Thief<T> {
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.lock().is_empty()
+        }
+
         pub(crate) fn steal(&self) -> Option<T> {
             self.0.lock().pop_front()
         }

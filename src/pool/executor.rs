@@ -69,8 +69,10 @@
 //!   measured: on the slow-key workload the slow key's port then followed
 //!   the free worker and took the slow key along, so the two workers kept
 //!   swapping which one the slow key blocked; see BENCHMARKS.md.)
-//! - A helper is called at most once per stuck step (`called`); after each
-//!   task it takes it looks again by itself.
+//! - A call already pending is not repeated; a helper looks again by
+//!   itself after each task it takes. A port remembers the worker its task
+//!   was queued on (`running_on`), so that a task already redirected to an
+//!   idle worker does not make every later submitter call one.
 
 use std::fmt;
 use std::hash::Hash;
@@ -327,12 +329,9 @@ impl Shared {
     /// worker to take it.
     #[cold]
     pub(crate) fn call_helper(&self, stuck: usize) {
-        // Once per stuck step: the helper looks again by itself after each
-        // task it takes, so more calls would only cost it wake-ups.
+        // A call already pending is not repeated (`Worker::call`).
         if let Some(i) = self.idle_worker(stuck) {
-            if self.workers[stuck].first_call_for_step() {
-                self.workers[i].call();
-            }
+            self.workers[i].call();
         }
     }
 
@@ -343,9 +342,11 @@ impl Shared {
         w.queue.push(task);
         fence(SeqCst);
         w.wake_if_parked();
-        if self.is_forced() {
+        if self.is_forced() || w.state.load(SeqCst) == EXITED {
             // The stop may already have emptied this queue and the worker may
-            // be gone: cancel what we pushed ourselves.
+            // be gone (a force stop, or the end of a graceful one, which a
+            // task sent home by work conservation can meet): cancel what we
+            // pushed ourselves.
             self.cancel_queue(worker);
         }
     }

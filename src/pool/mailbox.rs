@@ -750,6 +750,13 @@ where
         let throughput = this.dispatcher.shared.config.throughput;
         loop {
             if budget == 0 {
+                // With nothing queued, retire rather than re-queue (a
+                // re-queue may go to another worker, which may have left
+                // at the end of a graceful stop).
+                let empty = this.queue.lock().is_empty();
+                if empty && DispatcherInner::drained(&this, cx, throughput) {
+                    return;
+                }
                 // Fairness: go behind the other mailboxes of this worker.
                 this.state.swap(SCHEDULED, AcqRel);
                 return Self::requeue(this, cx);

@@ -99,9 +99,6 @@ struct Watched {
     seen: AtomicU64,
     /// Another thread asked this (idle) worker to look for a stuck one.
     call: AtomicBool,
-    /// The step of this worker for which a helper was last called (see
-    /// `Shared::call_helper`).
-    called: AtomicU32,
     /// The worker is idle (see `Shared::idle`): out of work, looking for
     /// some, spinning or parked. Written by the worker (SeqCst).
     idle: AtomicBool,
@@ -117,7 +114,6 @@ impl Worker {
             watched: CachePadded::new(Watched {
                 seen: AtomicU64::new(0),
                 call: AtomicBool::new(false),
-                called: AtomicU32::new(u32::MAX),
                 idle: AtomicBool::new(false),
             }),
             queue: Queue::new(),
@@ -160,13 +156,6 @@ impl Worker {
                 .store(u64::from(step) | (u64::from(times) << 32), Relaxed);
         }
         times >= STUCK_SIGHTINGS
-    }
-
-    /// True the first time it is asked for the step this worker runs now
-    /// (a helper is called once per stuck step).
-    pub(crate) fn first_call_for_step(&self) -> bool {
-        let step = self.steps.load(Relaxed);
-        self.watched.called.load(Relaxed) != step && self.watched.called.swap(step, Relaxed) != step
     }
 
     /// Asks this worker to look for a stuck one to help (see
@@ -391,8 +380,11 @@ impl WorkerCx<'_> {
             let w = (self.index + i) % n;
             let other = &workers[w];
             // Nothing queued and no port's turn under way: nothing waits
-            // behind its step.
-            let waiting = other.local_len.load(Relaxed) != 0 || !other.queue.is_empty();
+            // behind its step. (The queues themselves, not `local_len`,
+            // which its owner publishes relaxed.)
+            let waiting = !other.thief.is_empty()
+                || !other.queue.is_empty()
+                || other.local_len.load(Relaxed) != 0;
             if waiting && other.stuck() {
                 // A task queued behind the step, else the rest of a port's
                 // turn that the step holds up.
@@ -723,6 +715,13 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         task.cancel();
     }
     me.state.store(EXITED, SeqCst);
+    // Against a push from another worker (work conservation sends a task
+    // home): it sees `EXITED` after its push and cancels the task itself,
+    // or this look sees the task.
+    fence(SeqCst);
+    while let Some(task) = cx.next_task() {
+        task.cancel();
+    }
     if let Some(hook) = &shared.config.on_thread_stop {
         hook();
     }
