@@ -708,7 +708,7 @@ where
             if port.running_on.load(Relaxed) != on {
                 port.running_on.store(on, Relaxed);
             }
-        } else if st != PORT_IDLE && this.shared.any_idle() {
+        } else if st != PORT_IDLE && this.shared.any_idle() && crate::pool::worker::look_now() {
             Self::nudge(this, p, st);
         }
     }

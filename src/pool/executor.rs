@@ -329,8 +329,21 @@ impl Shared {
     /// worker to take it.
     #[cold]
     pub(crate) fn call_helper(&self, stuck: usize) {
-        // A call already pending is not repeated (`Worker::call`).
+        // A call already pending is not repeated (`Worker::call`), nor one
+        // made for the same step less than `CALL_INTERVAL` ago: a helper
+        // that found nothing to take when called would otherwise be woken
+        // by every submit (a futex wake-up each: it starved the producer
+        // of the slow-key workload). A call swallowed that way is made by
+        // the next submitter after the interval, and a parked helper
+        // watching a busy worker looks every `WATCH_PARK` anyway.
         if let Some(i) = self.idle_worker(stuck) {
+            #[cfg(not(loom))]
+            {
+                let now = self.watch.epoch().elapsed().as_micros() as u32;
+                if !self.workers[stuck].may_call(now) {
+                    return;
+                }
+            }
             self.workers[i].call();
         }
     }

@@ -68,6 +68,10 @@ pub(crate) struct Counters {
 /// models explore a steal wherever one can happen.
 const STUCK_SIGHTINGS: u32 = if cfg!(loom) { 1 } else { 2 };
 
+/// The least time (µs) between two calls for help for the same stuck step.
+#[cfg(not(loom))]
+const CALL_INTERVAL: u32 = 50;
+
 /// One worker's shared half.
 pub(crate) struct Worker {
     /// Tasks pushed from other threads (wakes, new ports, spawns).
@@ -99,6 +103,10 @@ struct Watched {
     seen: AtomicU64,
     /// Another thread asked this (idle) worker to look for a stuck one.
     call: AtomicBool,
+    /// When a helper was last called for this worker (µs since the
+    /// executor's epoch, low 32 bits) and for which step (high 32 bits).
+    #[cfg(not(loom))]
+    called: AtomicU64,
     /// The worker is idle (see `Shared::idle`): out of work, looking for
     /// some, spinning or parked. Written by the worker (SeqCst).
     idle: AtomicBool,
@@ -114,6 +122,8 @@ impl Worker {
             watched: CachePadded::new(Watched {
                 seen: AtomicU64::new(0),
                 call: AtomicBool::new(false),
+                #[cfg(not(loom))]
+                called: AtomicU64::new(u64::MAX),
                 idle: AtomicBool::new(false),
             }),
             queue: Queue::new(),
@@ -156,6 +166,22 @@ impl Worker {
                 .store(u64::from(step) | (u64::from(times) << 32), Relaxed);
         }
         times >= STUCK_SIGHTINGS
+    }
+
+    /// Whether a helper may be called for this (stuck) worker at `now` (µs):
+    /// not if one was called for the same step less than [`CALL_INTERVAL`]
+    /// µs ago (see `Shared::call_helper`).
+    #[cfg(not(loom))]
+    pub(crate) fn may_call(&self, now: u32) -> bool {
+        let step = self.steps.load(Relaxed);
+        let last = self.watched.called.load(Relaxed);
+        if (last >> 32) as u32 == step && now.wrapping_sub(last as u32) < CALL_INTERVAL {
+            return false;
+        }
+        self.watched
+            .called
+            .store((u64::from(step) << 32) | u64::from(now), Relaxed);
+        true
     }
 
     /// Asks this worker to look for a stuck one to help (see
@@ -599,6 +625,30 @@ pub(crate) fn give_back_running_unit(share: UnitRef) {
             });
         }
     });
+}
+
+/// Submitters that find their port busy while a worker idles look at its
+/// worker one time in this many (per thread): a look reads a line the
+/// worker writes per step, and at full speed every submit would pull it.
+#[cfg(not(loom))]
+const LOOK_EVERY: u32 = 8;
+
+/// Whether this submit looks (see [`LOOK_EVERY`]; under loom, always).
+#[inline]
+pub(crate) fn look_now() -> bool {
+    #[cfg(not(loom))]
+    {
+        std::thread_local! {
+            static LOOKS: Cell<u32> = const { Cell::new(0) };
+        }
+        LOOKS.with(|n| {
+            let v = n.get().wrapping_add(1);
+            n.set(v);
+            v % LOOK_EVERY == 0
+        })
+    }
+    #[cfg(loom)]
+    true
 }
 
 /// Whether the current thread is a worker of the executor at `shared_id`.
