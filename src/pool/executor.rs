@@ -53,7 +53,9 @@
 //!   busy, so a busy pool keeps every task where it is (the sticky path
 //!   costs one relaxed load of `idle` per submit).
 //! - Only while some worker is idle (`Shared::idle`, counted around its
-//!   spin and park) do submitters look: `Shared::schedule` puts a task
+//!   spin and park) do submitters look, and a submitter whose port is busy
+//!   looks one time in eight (`worker::look_now`: a look reads a line the
+//!   worker writes per step). `Shared::schedule` puts a task
 //!   meant for a stuck worker on an idle one instead; a submitter that finds
 //!   its port's turn running on a stuck worker sends an idle worker a
 //!   *takeover* of that turn (see `dispatcher.rs`); one that finds the port
@@ -69,7 +71,8 @@
 //!   measured: on the slow-key workload the slow key's port then followed
 //!   the free worker and took the slow key along, so the two workers kept
 //!   swapping which one the slow key blocked; see BENCHMARKS.md.)
-//! - A call already pending is not repeated; a helper looks again by
+//! - A call already pending is not repeated, nor one for the same stuck
+//!   step within 50 µs (`Worker::may_call`); a helper looks again by
 //!   itself after each task it takes. A port remembers the worker its task
 //!   was queued on (`running_on`), so that a task already redirected to an
 //!   idle worker does not make every later submitter call one.
