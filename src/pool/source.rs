@@ -345,7 +345,12 @@ impl SourceRef {
         let mut cur = cas_guess(word);
         loop {
             debug_assert!(cur & IN_FLIGHT_MASK >= n, "credit released twice");
-            if cur & WAITER_BITS != 0 {
+            // The last units while handles remain: a graceful stop may be
+            // waiting for them, and the handles may all go the moment they
+            // are back, freeing the source under `drained` (Miri caught
+            // it). Pin first, like a wake-up.
+            let last_with_handles = cur & IN_FLIGHT_MASK == n && cur != n;
+            if cur & WAITER_BITS != 0 || last_with_handles {
                 // Slow path: pin, so the source outlives the wake-ups.
                 word.fetch_add(HANDLE, Relaxed);
                 let now = (word.fetch_sub(n, SeqCst) - n) & IN_FLIGHT_MASK;
@@ -367,11 +372,9 @@ impl SourceRef {
                         // SAFETY: we made the word zero; it was made by
                         // `Box::leak`.
                         unsafe { free(self.0) };
-                    } else if (cur - n) & IN_FLIGHT_MASK == 0 {
-                        // The last unit came back: a graceful stop may be
-                        // waiting for that (the handles keep it alive).
-                        source.drained();
                     }
+                    // Units are still out (the last ones take the slow
+                    // path): the source is not touched after the CAS.
                     return;
                 }
                 Err(actual) => cur = actual,
