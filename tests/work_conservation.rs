@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{env_u64, seeds, Gate, Replay, Rng};
+use common::{env_u64, seeds, Gate, Replay, Rng, YieldOnce};
 use futures::channel::oneshot;
 use keyed_executor::{handler, KeyedExecutor, TaskError};
 
@@ -213,23 +213,6 @@ impl Round {
     }
     fn leave(&self, k: u64) {
         self.busy.lock().unwrap().insert(k, false);
-    }
-}
-
-struct YieldOnce(bool);
-
-impl std::future::Future for YieldOnce {
-    type Output = ();
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.0 {
-            return std::task::Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
     }
 }
 
