@@ -384,6 +384,10 @@ impl Shared {
     /// unit came back, a spawned future finished): workers re-check whether
     /// everything drained.
     pub(crate) fn wake_if_closed(&self) {
+        // Dekker against `close` (flag, fence, look at the workers) and a
+        // worker's park (PARKED, fence, look at the flag and the credit):
+        // the caller's release is ordered before this look at the flag.
+        fence(SeqCst);
         if self.is_closed() {
             self.wake_all();
         }
