@@ -249,7 +249,8 @@ impl Shared {
     /// the worker it pushed to.
     #[inline]
     pub(crate) fn schedule(&self, worker: usize, task: Task) -> usize {
-        let worker = if self.any_idle() {
+        let looked = self.any_idle();
+        let worker = if looked {
             self.redirect(worker)
         } else {
             worker
@@ -257,18 +258,24 @@ impl Shared {
         self.push(worker, task);
         // After the push and its fence: a worker that went idle meanwhile
         // either sees the task behind a stuck `worker` itself, or is seen
-        // here and called to take it.
+        // here and called to take it. A second look adds no sighting (one
+        // schedule must not count as both sightings of a step).
         if self.any_idle() {
-            self.call_if_stuck(worker);
+            self.call_if_stuck(worker, looked);
         }
         worker
     }
 
     /// Calls an idle worker to help `worker` if it is stuck (and is not
-    /// the caller).
+    /// the caller). `looked`: the caller looked at it already in this
+    /// schedule, so this look adds no sighting.
     #[cold]
-    pub(crate) fn call_if_stuck(&self, worker: usize) {
-        if worker::current_index(self.id()) != Some(worker) && self.workers[worker].stuck() {
+    fn call_if_stuck(&self, worker: usize, looked: bool) {
+        if worker::current_index(self.id()) == Some(worker) {
+            return;
+        }
+        let w = &self.workers[worker];
+        if if looked { w.stuck_already() } else { w.stuck() } {
             self.call_helper(worker);
         }
     }

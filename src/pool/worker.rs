@@ -168,6 +168,20 @@ impl Worker {
         times >= STUCK_SIGHTINGS
     }
 
+    /// Whether this worker counts as stuck already, without adding a
+    /// sighting: for a second look by the same caller (a submitter's look
+    /// after its push), which must not count one step twice.
+    pub(crate) fn stuck_already(&self) -> bool {
+        if self.state.load(SeqCst) != RUNNING || self.watched.idle.load(SeqCst) {
+            return false;
+        }
+        if STUCK_SIGHTINGS == 1 {
+            return true;
+        }
+        let seen = self.watched.seen.load(Relaxed);
+        seen as u32 == self.steps.load(Relaxed) && (seen >> 32) as u32 >= STUCK_SIGHTINGS
+    }
+
     /// Whether a helper may be called for this (stuck) worker at `now` (µs):
     /// not if one was called for the same step less than [`CALL_INTERVAL`]
     /// µs ago (see `Shared::call_helper`).
