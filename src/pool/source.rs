@@ -63,17 +63,22 @@
 //! holds. The commit point clears the slots it passes before it publishes
 //! its new value, and a recorder writes into the window only if its
 //! position is less than one window ahead of the commit point it reads
-//! (else into a small overflow map): so a slot holds a tag of its own lap
-//! or none, and no stale tag can be taken for a current one.
+//! (else into an overflow map, ordered by position): so a slot holds a tag
+//! of its own lap or none, and no stale tag can be taken for a current one.
 //!
 //! The span of positions between the commit point and `next` is capped
 //! (`span`): a submitter finding it full advances the commit point and, if
 //! it is still full, waits as it waits for credit (a message that ends
-//! releases a unit, or pokes, and wakes it). The window has room for the
-//! span plus one message per unit of credit (submitters that passed the
-//! cap check together). Follow-ups that inherit another message's unit
-//! (see `receiver.rs`) are not held by the cap — a handler never waits —
-//! and are what may overflow; they are bounded by the credit they hold.
+//! releases a unit, or pokes, and wakes it). The window has room for a
+//! span of at most `WINDOW_SPAN_FACTOR` × the credit (at least
+//! `MIN_WINDOW_SPAN`) plus one message per unit of credit (submitters
+//! that passed the cap check together): a larger cap lets a slow message
+//! hold the commit point longer without stopping its source, and what
+//! ends beyond the window meanwhile goes to the overflow map (a lock per
+//! message while the commit point is held that far back; the window alone
+//! otherwise). Follow-ups that inherit another message's unit (see
+//! `receiver.rs`) are not held by the cap — a handler never waits — and
+//! may overflow too; they are bounded by the credit they hold.
 //!
 //! # Stops
 //!
@@ -83,7 +88,7 @@
 //! stopping thread (`handover`) while one waits there (`stoppers`), or
 //! hands it back itself if none does (a stop called from a worker).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
@@ -108,6 +113,17 @@ const CREDIT_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// The largest commit span a receiver may be given.
 pub(crate) const MAX_SPAN: usize = 1 << 24;
+
+/// The window holds a span of at most this many times the credit (see the
+/// module docs); positions further ahead of the commit point overflow.
+const WINDOW_SPAN_FACTOR: u64 = 4;
+
+/// The least span the window holds (when the commit span is at least this).
+#[cfg(not(loom))]
+const MIN_WINDOW_SPAN: u64 = 4096;
+/// Under loom each slot is a modelled atomic.
+#[cfg(loom)]
+const MIN_WINDOW_SPAN: u64 = 4;
 
 const CLOSED: u8 = 1;
 const STOPPED: u8 = 2;
@@ -167,10 +183,10 @@ pub(crate) struct Source {
     shift: u32,
     rows: usize,
     /// Tags of positions too far ahead of the commit point for the window
-    /// (follow-ups that inherited another message's unit are not held by
-    /// the span cap); `overflowed` counts them, so lookups skip the lock
-    /// while it is empty.
-    overflow: Mutex<HashMap<u64, Ended>>,
+    /// (a slow message held it back; or follow-ups that inherited another
+    /// message's unit, not held by the span cap); `overflowed` counts them,
+    /// so lookups skip the lock while it is empty.
+    overflow: Mutex<BTreeMap<u64, Ended>>,
     overflowed: AtomicUsize,
     waiters: Mutex<Waiters>,
     drainers: Mutex<Vec<Waiter>>,
@@ -221,9 +237,11 @@ impl SourceHandle {
     pub(crate) fn new(settings: Settings, shared: Option<Arc<Shared>>) -> Self {
         let max = settings.max_in_flight.min(MAX_CREDIT) as u64;
         let span = (settings.span.min(MAX_SPAN) as u64).max(max);
-        // Room for the span and a unit's worth of overshoot per unit of
-        // credit (submitters that passed the cap check together).
-        let size = (span + max).next_power_of_two();
+        // Room for the span (up to the window's share of it) and a unit's
+        // worth of overshoot per unit of credit (submitters that passed the
+        // cap check together).
+        let windowed = span.min((max * WINDOW_SPAN_FACTOR).max(MIN_WINDOW_SPAN));
+        let size = (windowed + max).next_power_of_two();
         let rows = settings.rows.max(1);
         let source = Box::new(Source {
             hot: CachePadded::new(Hot {
@@ -248,7 +266,7 @@ impl SourceHandle {
                 .collect(),
             shift: size.trailing_zeros(),
             rows,
-            overflow: Mutex::new(HashMap::new()),
+            overflow: Mutex::new(BTreeMap::new()),
             overflowed: AtomicUsize::new(0),
             waiters: Mutex::new(Waiters::default()),
             drainers: Mutex::new(Vec::new()),
@@ -721,7 +739,7 @@ impl Source {
             // (the commit point only trails it when it stopped for good at
             // a returned message).
             let mut map = self.overflow.lock();
-            map.retain(|&p, _| p >= resolved);
+            *map = map.split_off(&resolved);
             self.overflowed.store(map.len(), SeqCst);
         }
         (committed, resolved)
@@ -1296,6 +1314,48 @@ mod tests {
         s.record(0, 5, Ended::Finished);
         assert_eq!(s.committable(), 3, "never past a handed-back message");
         assert!(s.is_drained(), "every message ended");
+    }
+
+    #[test]
+    fn a_span_beyond_the_window_overflows_and_the_commit_point_still_follows() {
+        // Credit 8, span 20,000: the window holds 4,096 + 8 positions (8,192
+        // slots a row); while position 0 runs, those past the window go to
+        // the overflow map, in every row, in any order.
+        let h = source(8, 20_000);
+        let s = h.source();
+        assert_eq!(
+            1u64 << s.shift,
+            8192,
+            "the window does not grow with the span"
+        );
+        let n = 20_000u64;
+        let all: Vec<u64> = (0..n).map(|_| s.take_position()).collect();
+        assert_eq!(all.last(), Some(&(n - 1)));
+        // Backwards, so most tags land ahead of the window first.
+        for p in (1..n).rev() {
+            s.record((p % 3) as usize, p, Ended::Finished);
+        }
+        assert!(
+            s.overflowed.load(SeqCst) > 0,
+            "positions past the window overflowed"
+        );
+        assert_eq!(s.committable(), 0, "position 0 still runs");
+        assert!(!s.try_acquire(), "credit is free, but the span is full");
+        s.record(1, 0, Ended::Finished);
+        assert_eq!(s.committable(), n);
+        assert!(s.try_acquire(), "the commit point moved on");
+        // SAFETY: we hold the unit just taken.
+        unsafe { h.as_ref().release(1) };
+        assert_eq!(
+            s.overflowed.load(SeqCst),
+            0,
+            "the map empties behind the point"
+        );
+        assert!(s.is_drained());
+        // The window serves the next lap.
+        let p = s.take_position();
+        s.record(0, p, Ended::Finished);
+        assert_eq!(s.committable(), n + 1);
     }
 
     #[test]
