@@ -161,7 +161,14 @@ struct Points {
     resolved: AtomicU64,
     /// Serialises advancing.
     lock: Mutex<()>,
+    /// While the commit point is held past the window (`advance_at`), the
+    /// next `next` at which a submitter advances it again: one advance per
+    /// [`RETRY_EVERY`] positions, not one per message.
+    retry_at: AtomicU64,
 }
+
+/// See [`Points::retry_at`].
+const RETRY_EVERY: u64 = 64;
 
 pub(crate) struct Source {
     hot: CachePadded<Hot>,
@@ -172,6 +179,11 @@ pub(crate) struct Source {
     batch: u64,
     /// The commit span's cap.
     span: u64,
+    /// How far `next` may run ahead of the commit point before a submitter
+    /// advances it: the cap, or less if the window is shorter (so that
+    /// ends are recorded in the window, not the overflow map, while the
+    /// commit point can follow).
+    advance_at: u64,
     flags: AtomicU8,
     /// Threads in `shutdown_now` waiting for the source to drain.
     stoppers: AtomicUsize,
@@ -253,6 +265,7 @@ impl SourceHandle {
             // so batching never starves a small receiver.
             batch: (max / 16).clamp(1, 16),
             span,
+            advance_at: span.min(size - max),
             flags: AtomicU8::new(0),
             stoppers: AtomicUsize::new(0),
             dispatcher: settings.dispatcher,
@@ -260,6 +273,7 @@ impl SourceHandle {
                 committed: AtomicU64::new(0),
                 resolved: AtomicU64::new(0),
                 lock: Mutex::new(()),
+                retry_at: AtomicU64::new(0),
             }),
             window: (0..size as usize * rows)
                 .map(|_| AtomicU8::new(EMPTY))
@@ -565,11 +579,23 @@ impl Source {
         // makes the span look smaller, and the position taken later is
         // checked against the window again when it is recorded).
         let next = self.hot.next.load(Relaxed);
-        if next.saturating_sub(self.points.committed.load(Relaxed)) < self.span {
+        let lag = next.saturating_sub(self.points.committed.load(Relaxed));
+        if lag < self.advance_at {
+            return false;
+        }
+        // Past the window but below the cap: advance now and then only (a
+        // held commit point stays held; what ends meanwhile overflows).
+        if lag < self.span && next < self.points.retry_at.load(Relaxed) {
             return false;
         }
         self.advance();
-        next.saturating_sub(self.points.committed.load(Acquire)) >= self.span
+        let lag = next.saturating_sub(self.points.committed.load(Acquire));
+        if lag >= self.advance_at {
+            self.points
+                .retry_at
+                .store(next.saturating_add(RETRY_EVERY), Relaxed);
+        }
+        lag >= self.span
     }
 
     /// Pops up to `n` waiters and wakes them. The caller keeps the source
@@ -714,9 +740,16 @@ impl Source {
         let _guard = self.points.lock.lock();
         let next = self.hot.next.load(Acquire);
         let mut committed = self.points.committed.load(Relaxed);
+        // Whether the commit point stands at a returned message (for good).
+        let mut at_returned = false;
         while committed < next {
-            let Some((Ended::Finished, slot)) = self.ended_at(committed) else {
-                break;
+            let slot = match self.ended_at(committed) {
+                Some((Ended::Finished, slot)) => slot,
+                Some((Ended::Returned, _)) => {
+                    at_returned = true;
+                    break;
+                }
+                None => break,
             };
             // The position's one tag: its other rows are clear already (a
             // recorder one lap ahead writes only once the commit point
@@ -735,11 +768,16 @@ impl Source {
         self.points.committed.store(committed, Release);
         self.points.resolved.store(resolved, Release);
         if self.overflowed.load(SeqCst) != 0 {
-            // Positions behind the resolved point are never looked at again
-            // (the commit point only trails it when it stopped for good at
-            // a returned message).
+            // Positions behind the commit point are never looked at again,
+            // nor, once it stopped for good at a returned message, those
+            // behind the resolved point. Not those between the two
+            // otherwise: the resolved walk may pass a tag recorded just
+            // after the commit walk looked for it, and the commit point
+            // reads it next time (dropping it here stalled the commit point
+            // for good, and with it the source at its span).
+            let keep_from = if at_returned { resolved } else { committed };
             let mut map = self.overflow.lock();
-            *map = map.split_off(&resolved);
+            *map = map.split_off(&keep_from);
             self.overflowed.store(map.len(), SeqCst);
         }
         (committed, resolved)
@@ -1356,6 +1394,69 @@ mod tests {
         let p = s.take_position();
         s.record(0, p, Ended::Finished);
         assert_eq!(s.committable(), n + 1);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "800,000 recorded tags across threads")]
+    fn overflowed_tags_survive_advances_racing_their_recorders() {
+        // Two recorders end positions (most past the window while position
+        // 0 is held) while this thread advances the points: a tag the
+        // resolved walk passes just after the commit walk looked for it
+        // must still be there for the commit point's next walk.
+        for round in 0..20 {
+            let h = source(8, 1 << 20);
+            let s = h.source();
+            let n = 40_000u64;
+            for _ in 0..n {
+                s.take_position();
+            }
+            let done = std::sync::atomic::AtomicBool::new(false);
+            std::thread::scope(|t| {
+                let recorders: Vec<_> = (0..2u64)
+                    .map(|r| {
+                        let s = &s;
+                        t.spawn(move || {
+                            for p in (1..n).filter(|p| p % 2 == r) {
+                                s.record(r as usize, p, Ended::Finished);
+                            }
+                        })
+                    })
+                    .collect();
+                t.spawn(|| {
+                    while !done.load(SeqCst) {
+                        s.advance();
+                    }
+                });
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                s.record(2, 0, Ended::Finished);
+                for r in recorders {
+                    r.join().unwrap();
+                }
+                done.store(true, SeqCst);
+            });
+            // Every position ended: the commit point reaches the end.
+            for _ in 0..3 {
+                s.advance();
+            }
+            assert_eq!(s.committable(), n, "round {round}");
+        }
+    }
+
+    #[test]
+    fn with_nothing_held_a_span_beyond_the_window_never_overflows() {
+        // The commit point is advanced lazily, by submitters: they must do
+        // it when the window, not only the cap, runs out.
+        let h = source(8, 20_000);
+        let s = h.source();
+        for i in 0..50_000u64 {
+            assert!(s.try_acquire(), "message {i}");
+            let p = s.take_position();
+            s.record((p % 2) as usize, p, Ended::Finished);
+            // SAFETY: we hold the unit just taken.
+            unsafe { h.as_ref().release(1) };
+            assert_eq!(s.overflowed.load(SeqCst), 0, "position {p} overflowed");
+        }
+        assert_eq!(s.committable(), 50_000);
     }
 
     #[test]
