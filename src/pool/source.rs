@@ -1355,6 +1355,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "tens of thousands of positions; no unsafe code on this path"
+    )]
     fn a_span_beyond_the_window_overflows_and_the_commit_point_still_follows() {
         // Credit 8, span 20,000: the window holds 4,096 + 8 positions (8,192
         // slots a row); while position 0 runs, those past the window go to
@@ -1397,7 +1401,10 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(miri, ignore = "800,000 recorded tags across threads")]
+    #[cfg_attr(
+        miri,
+        ignore = "800,000 recorded tags across threads; no unsafe code on this path"
+    )]
     fn overflowed_tags_survive_advances_racing_their_recorders() {
         // Two recorders end positions (most past the window while position
         // 0 is held) while this thread advances the points: a tag the
@@ -1443,14 +1450,17 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "tens of thousands of positions; no unsafe code on this path"
+    )]
     fn with_nothing_held_a_span_beyond_the_window_never_overflows() {
         // The commit point is advanced lazily, by submitters: they must do
         // it when the window, not only the cap, runs out.
         let h = source(8, 20_000);
         let s = h.source();
-        // Past the window's advance point (8,184) several times; once
-        // under Miri.
-        let n = if cfg!(miri) { 9_000 } else { 50_000 };
+        // Past the window's advance point (8,184) several times.
+        let n = 50_000;
         for i in 0..n {
             assert!(s.try_acquire(), "message {i}");
             let p = s.take_position();
