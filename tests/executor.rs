@@ -659,6 +659,51 @@ fn finished_messages_and_idle_mailboxes_are_not_retained() {
     assert_eq!(r.in_flight(), 0);
 }
 
+/// Keys whose handlers suspend each hold a mailbox while they wait; the
+/// ports keep the ones that come back for reuse while about as many are
+/// still live (no allocation and free per message), and let them go as the
+/// live ones drain.
+#[test]
+fn spare_mailboxes_follow_the_suspended_keys_up_and_down() {
+    const KEYS: u64 = 400;
+    let executor = KeyedExecutor::builder().workers(2).build().unwrap();
+    let dispatcher = executor.dispatcher(handler::from_async_fn(
+        |_k: u64, rx: oneshot::Receiver<()>| async move {
+            let _ = rx.await;
+        },
+    ));
+    let r = dispatcher.receiver(KEYS as usize).unwrap();
+    let mut release = Vec::new();
+    for k in 0..KEYS {
+        let (tx, rx) = oneshot::channel();
+        r.send(k, rx).unwrap();
+        release.push(tx);
+    }
+    eventually("every key suspended", || {
+        executor.stats().live_mailboxes == KEYS as usize
+    });
+    let rest = release.split_off(KEYS as usize / 2);
+    for tx in release {
+        tx.send(()).unwrap();
+    }
+    eventually("half drained", || {
+        executor.stats().live_mailboxes == KEYS as usize / 2
+    });
+    // A fixed cap kept at most 32 a port (plus its slot): 66 on two.
+    let kept = executor.stats().idle_mailboxes;
+    assert!(
+        kept >= 100,
+        "only {kept} spare mailboxes kept for 200 live ones"
+    );
+    for tx in rest {
+        tx.send(()).unwrap();
+    }
+    eventually("all drained", || executor.stats().live_mailboxes == 0);
+    let left = executor.stats().idle_mailboxes;
+    assert!(left <= 66, "{left} spare mailboxes kept with none live");
+    assert_eq!(r.in_flight(), 0);
+}
+
 #[test]
 fn every_bad_config_value_is_an_error_not_a_panic() {
     assert_eq!(

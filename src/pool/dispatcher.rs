@@ -452,7 +452,8 @@ impl Turns {
 }
 
 /// Spare mailboxes a port keeps for keys that get one (a backlog, a
-/// suspended future); beyond this many, a released one is freed.
+/// suspended future) at least; it keeps up to as many as it has live
+/// mailboxes (see `drained`), and beyond that a released one is freed.
 const SPARES: usize = 32;
 
 // ----- ports -----------------------------------------------------------------
@@ -906,10 +907,22 @@ where
             .record(hash, spent.min(u32::MAX as usize) as u32, cx.tick());
         // SAFETY: as above: the queue is empty, no future is stored.
         let key = unsafe { mailbox.release(false) };
-        if gate.spares.len() < SPARES {
+        // Keep as many spares as the port has live mailboxes (at least
+        // `SPARES`): keys whose handlers suspend (async I/O) each hold a
+        // mailbox while they wait, and with a fixed cap every message paid
+        // an allocation and a free (W3). As the live ones drain, one excess
+        // spare goes per drain, so the spares follow them down.
+        let keep = SPARES.max(gate.active.len());
+        let excess = if gate.spares.len() < keep {
             gate.spares.push(mailbox.clone());
-        }
+            None
+        } else if gate.spares.len() > keep {
+            gate.spares.pop()
+        } else {
+            None
+        };
         drop(gate);
+        drop(excess);
         // The key's `Drop` is user code, out of the gate.
         let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
         this.maybe_deregister();
