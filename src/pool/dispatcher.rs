@@ -725,7 +725,7 @@ where
         let on = port.running_on.load(SeqCst);
         let shared = &this.shared;
         if crate::pool::worker::current_index(shared.id()) == Some(on)
-            || !shared.workers[on].stuck()
+            || !shared.workers[on].stuck(true)
         {
             return;
         }

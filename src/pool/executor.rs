@@ -275,7 +275,7 @@ impl Shared {
             return;
         }
         let w = &self.workers[worker];
-        if if looked { w.stuck_already() } else { w.stuck() } {
+        if w.stuck(!looked) {
             self.call_helper(worker);
         }
     }
@@ -313,7 +313,7 @@ impl Shared {
     /// which is not stuck if it runs this), else `worker`.
     #[cold]
     fn redirect(&self, worker: usize) -> usize {
-        if worker::current_index(self.id()) == Some(worker) || !self.workers[worker].stuck() {
+        if worker::current_index(self.id()) == Some(worker) || !self.workers[worker].stuck(true) {
             return worker;
         }
         self.idle_worker(worker).unwrap_or(worker)

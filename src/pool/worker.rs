@@ -139,14 +139,16 @@ impl Worker {
         self.queue.len() + self.local_len.load(Relaxed)
     }
 
-    /// One more sighting of the step this worker runs: true if it counts
-    /// as stuck in it — `RUNNING`, and the same step seen
-    /// [`STUCK_SIGHTINGS`] times. A submitter that queues work behind the
-    /// worker, or an idle worker looking for some, calls this; a worker
-    /// that makes progress moves `steps` on and is never stuck, however
-    /// busy. The sightings race (relaxed, last writer wins): a lost one only
-    /// delays the verdict by one sighting.
-    pub(crate) fn stuck(&self) -> bool {
+    /// Whether this worker counts as stuck in the step it runs: `RUNNING`,
+    /// and the same step seen [`STUCK_SIGHTINGS`] times. With `sighting`,
+    /// this look is one more sighting: a submitter that queues work behind
+    /// the worker, or an idle worker looking for some, adds one; a second
+    /// look by the same caller (a submitter's look after its push) adds
+    /// none, so one step is never counted twice. A worker that makes
+    /// progress moves `steps` on and is never stuck, however busy. The
+    /// sightings race (relaxed, last writer wins): a lost one only delays
+    /// the verdict by one sighting.
+    pub(crate) fn stuck(&self, sighting: bool) -> bool {
         if self.state.load(SeqCst) != RUNNING || self.watched.idle.load(SeqCst) {
             return false;
         }
@@ -155,31 +157,21 @@ impl Worker {
         }
         let step = self.steps.load(Relaxed);
         let seen = self.watched.seen.load(Relaxed);
-        let times = if seen as u32 == step {
-            (seen >> 32) as u32 + 1
+        let before = if seen as u32 == step {
+            (seen >> 32) as u32
         } else {
-            1
+            0
         };
+        if !sighting {
+            return before >= STUCK_SIGHTINGS;
+        }
+        let times = before + 1;
         if times <= STUCK_SIGHTINGS {
             self.watched
                 .seen
                 .store(u64::from(step) | (u64::from(times) << 32), Relaxed);
         }
         times >= STUCK_SIGHTINGS
-    }
-
-    /// Whether this worker counts as stuck already, without adding a
-    /// sighting: for a second look by the same caller (a submitter's look
-    /// after its push), which must not count one step twice.
-    pub(crate) fn stuck_already(&self) -> bool {
-        if self.state.load(SeqCst) != RUNNING || self.watched.idle.load(SeqCst) {
-            return false;
-        }
-        if STUCK_SIGHTINGS == 1 {
-            return true;
-        }
-        let seen = self.watched.seen.load(Relaxed);
-        seen as u32 == self.steps.load(Relaxed) && (seen >> 32) as u32 >= STUCK_SIGHTINGS
     }
 
     /// Whether a helper may be called for this (stuck) worker at `now` (µs):
@@ -425,7 +417,7 @@ impl WorkerCx<'_> {
             let waiting = !other.thief.is_empty()
                 || !other.queue.is_empty()
                 || other.local_len.load(Relaxed) != 0;
-            if waiting && other.stuck() {
+            if waiting && other.stuck(true) {
                 // A task queued behind the step, else the rest of a port's
                 // turn that the step holds up.
                 if let Some(task) = other.steal().or_else(|| self.shared.takeover(w)) {
