@@ -16,7 +16,10 @@
 //!   the marker. Producers that see the marker wait for that.
 //! - The consumer owns `head`: it reads a slot once its `ready` flag is set
 //!   (acquire), moves on, and frees a block once it has read its last slot
-//!   (every producer of that block has written it by then). A slot claimed
+//!   (every producer of that block has written it by then), or keeps it
+//!   as the one spare block. The producer that takes the spare for a new
+//!   block resets its slots' flags: the consumer only ever reads a block's
+//!   lines (see `new_block`). A slot claimed
 //!   but not yet written stops the consumer there, so the queue is FIFO in
 //!   claim order; [`pop`](Inbox::pop) then returns `None` and the producer,
 //!   which checks its port's state after its push (see `dispatcher.rs`),
@@ -131,14 +134,28 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         }
     }
 
-    /// A fresh block: the spare one if there is one.
+    /// A fresh block: the spare one if there is one, reset here.
+    ///
+    /// The producer that takes the spare resets it, not the consumer that
+    /// gave it back: the consumer then only ever reads a block's lines, and
+    /// the producer takes every line of the block it is about to write
+    /// into its cache at once, here, instead of one cross-core transfer of
+    /// a line the consumer wrote for each slot it writes (each waited for
+    /// by the fence that follows a push; see BENCHMARKS.md).
     fn new_block(&self) -> *mut Block<T, CAP> {
         let spare = self.spare.swap(ptr::null_mut(), Acquire);
         if spare.is_null() {
-            Box::into_raw(Block::new())
-        } else {
-            spare
+            return Box::into_raw(Block::new());
         }
+        // SAFETY: the spare was reachable only through `spare`, which we
+        // just took it from: it is ours, and it holds no value.
+        unsafe {
+            (*spare).next.store(ptr::null_mut(), Relaxed);
+            for slot in (*spare).slots.iter() {
+                slot.ready.store(false, Relaxed);
+            }
+        }
+        spare
     }
 
     /// Appends `value` (any thread). (The dispatcher pushes with
@@ -207,17 +224,10 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         }
     }
 
-    /// Keeps `block` (no producer or consumer can reach it any more) as the
-    /// spare, or frees it if there is one already.
+    /// Keeps `block` (no producer or consumer can reach it any more, and
+    /// it holds no value) as the spare, or frees it if there is one
+    /// already. The producer that takes it resets it (`new_block`).
     fn recycle(&self, block: *mut Block<T, CAP>) {
-        // SAFETY: nobody else can reach `block` (caller's contract), and it
-        // holds no value: reset its slots for its next use.
-        unsafe {
-            (*block).next.store(ptr::null_mut(), Relaxed);
-            for slot in (*block).slots.iter() {
-                slot.ready.store(false, Relaxed);
-            }
-        }
         let old = self.spare.swap(block, AcqRel);
         if !old.is_null() {
             // SAFETY: the previous spare was reachable only through `spare`,
