@@ -214,7 +214,7 @@ pub fn check(samples: &BTreeMap<String, f64>) -> Result<(), String> {
             &format!("keyed_executor_live_mailboxes{{dispatcher=\"{d}\"}}"),
             0.0,
         )?;
-        // Sampled 1 in 256 per key bucket: at least one sample, at most all.
+        // Sampled 1 in 256 by position: at least one sample (position 0), at most all.
         let total = if d == "ledger" { LEDGER } else { JOURNAL } as f64;
         for h in ["queue", "run", "poll"] {
             let count = get(&format!(

@@ -15,9 +15,11 @@
 //!   [`FLUSH_EVERY`] messages and before it parks. The counters a scrape
 //!   sees lag by at most that.
 //! - Histograms: a submitter stamps one message in
-//!   `metrics_sampling` (default [`DEFAULT_METRICS_SAMPLING`]; counted per
-//!   key bucket, so no shared counter is touched) with a clock reading; the
-//!   worker reads the clock when the message starts and when its step ends.
+//!   `metrics_sampling` (default [`DEFAULT_METRICS_SAMPLING`]; by the
+//!   message's position in its receiver, so no counter of its own is
+//!   touched, and each receiver's first message is timed) with a clock
+//!   reading; the worker reads the clock when the message starts and when
+//!   its step ends.
 //!   Three readings and three histogram records per sampled message, about
 //!   300 ns here with the Prometheus exporter: about 1 ns per message at the
 //!   default 1 in 256. The stamp (4 bytes: microseconds, modulo 2^32)
@@ -163,11 +165,10 @@ mod imp {
         }
 
         /// The stamp of an accepted message: a clock reading for one in
-        /// `metrics_sampling` (`sent`: the messages its key's bucket had
-        /// seen before it).
+        /// `metrics_sampling` (by its position in its source).
         #[inline]
-        pub(crate) fn stamp(&self, sent: u32) -> Stamp {
-            if sent & self.mask != 0 {
+        pub(crate) fn stamp(&self, position: u64) -> Stamp {
+            if position as u32 & self.mask != 0 {
                 return Stamp(0);
             }
             Stamp(micros(self.epoch.elapsed().as_nanos() as u64))
@@ -722,7 +723,7 @@ mod imp {
         pub(crate) fn unparked(&self) {}
 
         #[inline(always)]
-        pub(crate) fn stamp(&self, _sent: u32) -> Stamp {
+        pub(crate) fn stamp(&self, _position: u64) -> Stamp {
             Stamp
         }
 

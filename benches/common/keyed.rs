@@ -118,6 +118,21 @@ impl<H: Handler> Design<H> for Keyed<H> {
             ..
         } = self;
         drop(receiver);
+        // `KEYED_BENCH_STATS=1`: the workers' park/wake counters, to see
+        // how often a run blocks (diagnostic; off by default).
+        if std::env::var_os("KEYED_BENCH_STATS").is_some() {
+            let stats = executor.stats();
+            let sum = |f: fn(&keyed_executor::WorkerStats) -> u64| -> u64 {
+                stats.workers.iter().map(f).sum()
+            };
+            eprintln!(
+                "keyed-executor stats: done {} parks {} unparks {} spin_hits {}",
+                stats.done,
+                sum(|w| w.parks),
+                sum(|w| w.unparks),
+                sum(|w| w.spin_hits)
+            );
+        }
         assert!(
             executor.shutdown(Duration::from_secs(10)),
             "keyed-executor: shutdown did not drain in 10 s"

@@ -6,30 +6,30 @@
 //!
 //! A submitter hashes the key (the dispatcher's hasher) and picks the key's
 //! *bucket* from the hash's high bits: one of `routes.len()` (≥ 1,024)
-//! words that map buckets to workers. One `fetch_add` on the bucket's word
-//! counts the message in its `sent` field and reads its worker; a bucket
-//! nobody has placed yet is placed by the first submitter (`pick_worker`:
-//! a running worker with nothing queued, else a parked one, else the least
-//! loaded). The submitter then pushes a delivery (key, hash, message) on
-//! that worker's port inbox and, if the port is idle, schedules it. The
-//! route table is small (8 bytes a bucket) and written by submitters only,
-//! so it stays in their caches: a submit touches no per-key state.
+//! words that map buckets to workers. A submitter *reads* its bucket's
+//! word (acquire); a bucket nobody has placed yet is placed by the first
+//! submitter, with one CAS (`pick_worker`: a running worker with nothing
+//! queued, else a parked one, else the least loaded). The submitter then
+//! pushes a delivery (key, hash, message) on that worker's port inbox and,
+//! if the port is idle, schedules it. The route table is small (8 bytes a
+//! bucket) and written once per bucket, so it stays shared in every
+//! submitter's cache: a submit touches no per-key state and writes no
+//! line another submitter reads (before, a `fetch_add` per message counted
+//! it in the bucket — a locked instruction on the producer's path, and a
+//! line that bounced between producers whose keys shared it).
 //!
 //! The port's runner owns its mailboxes: the port's map (key → mailbox,
 //! keyed by the submitter's hash) lives under the port's *gate*, a lock
 //! the runner takes per delivery and that stops, retirement and takeovers
 //! take to touch the port. A port's turn takes up to `PORT_BATCH`
-//! deliveries in order; each counts in its bucket's `received`, finds or
-//! creates its key's mailbox, and is offered to it (`Mailbox::offer`): an
+//! deliveries in order; each finds or creates its key's mailbox, and is offered to it (`Mailbox::offer`): an
 //! idle mailbox with budget left in its turn runs the message at once, with
 //! the gate released; otherwise the message joins the mailbox's queue (and
 //! a mailbox revived with its turn spent goes to the back of the worker's
 //! queue). A port with deliveries left re-queues itself behind the worker's
 //! other tasks.
 //!
-//! A bucket keeps the port it was placed on for the dispatcher's life (the
-//! gate's per-bucket counts, `sent` and `received`, are kept for un-placing
-//! idle buckets but not read yet). Port `p` belongs to worker `p`: its task
+//! A bucket keeps the port it was placed on for the dispatcher's life. Port `p` belongs to worker `p`: its task
 //! is queued there, and its mailboxes run there. Its task carries the
 //! port's index (the task's tag), so that another worker can run it when
 //! work conservation moves it (see `executor.rs`): for that turn only.
@@ -131,27 +131,10 @@ const TAKEOVER: usize = 1 << (usize::BITS - 1);
 
 // ----- the route table -------------------------------------------------------
 
-/// A bucket's word: `sent` in the low 32 bits (messages routed to it,
-/// modulo 2^32: fewer are ever in flight, each holding a credit unit), its
-/// worker in the next 16, `UNPLACED` if none.
-const SENT_MASK: u64 = (1 << 32) - 1;
-const WORKER_SHIFT: u32 = 32;
-const UNPLACED: u64 = 0xFFFF;
-
-#[inline]
-fn worker_of(word: u64) -> u64 {
-    word >> WORKER_SHIFT
-}
-
-#[inline]
-fn sent_of(word: u64) -> u32 {
-    (word & SENT_MASK) as u32
-}
-
-#[inline]
-fn route_word(worker: u64, sent: u32) -> u64 {
-    (worker << WORKER_SHIFT) | u64::from(sent)
-}
+/// A bucket's word: its worker's index, `UNPLACED` until the first
+/// submitter places it. UNPLACED → placed is its only transition (one CAS,
+/// by any submitter); nothing writes it after.
+const UNPLACED: u64 = u64::MAX;
 
 /// Buckets per dispatcher: enough that two keys rarely share one.
 fn bucket_count(workers: usize) -> usize {
@@ -168,9 +151,6 @@ fn bucket_count(workers: usize) -> usize {
 /// What a port keeps per bucket, under its gate.
 #[derive(Clone, Copy, Default)]
 struct BucketCount {
-    /// Deliveries of the bucket this port took (modulo 2^32). Zero unless
-    /// the port is the bucket's worker.
-    received: u32,
     /// The bucket's mailboxes in this port's map.
     live: u32,
 }
@@ -602,25 +582,23 @@ where
         (hash >> 40) as usize & (self.routes.len() - 1)
     }
 
-    /// The worker of bucket `b`, whose word (after our `fetch_add`) is
-    /// `word`; places the bucket if nobody has.
+    /// The worker of bucket `b`.
+    #[inline]
+    fn route(&self, b: usize) -> usize {
+        match self.routes[b].load(Acquire) {
+            UNPLACED => self.place(b),
+            w => w as usize,
+        }
+    }
+
+    /// Places bucket `b`, unplaced when we looked, unless another
+    /// submitter did meanwhile: the CAS decides, and both use its winner.
     #[cold]
-    fn place(&self, b: usize, mut word: u64) -> usize {
-        let mut picked = None;
-        loop {
-            if worker_of(word) != UNPLACED {
-                return worker_of(word) as usize;
-            }
-            let p = *picked.get_or_insert_with(|| self.shared.pick_worker());
-            match self.routes[b].compare_exchange(
-                word,
-                route_word(p as u64, sent_of(word)),
-                SeqCst,
-                SeqCst,
-            ) {
-                Ok(_) => return p,
-                Err(actual) => word = actual,
-            }
+    fn place(&self, b: usize) -> usize {
+        let p = self.shared.pick_worker();
+        match self.routes[b].compare_exchange(UNPLACED, p as u64, AcqRel, Acquire) {
+            Ok(_) => p,
+            Err(placed) => placed as usize,
         }
     }
 
@@ -658,16 +636,11 @@ where
             source.record(source.other_row(), position, Ended::Returned);
             return Err(env);
         }
-        let b = this.bucket_of(hash);
-        let word = this.routes[b].fetch_add(1, SeqCst);
-        let worker = match worker_of(word) {
-            UNPLACED => this.place(b, word + 1),
-            w => w as usize,
-        };
+        let worker = this.route(this.bucket_of(hash));
         let port = &this.ports[worker];
         let d = Delivery { key, hash, env };
         port.inbox
-            .push_stamped(d, this.shared.metrics.stamp(sent_of(word)));
+            .push_stamped(d, this.shared.metrics.stamp(position));
         fence(SeqCst);
         if port.closed.load(SeqCst) {
             // A force stop may have emptied the inbox before our push
@@ -773,16 +746,12 @@ where
         // Ports touched, in first-touch order.
         let mut touched: Vec<usize> = Vec::new();
         for (i, ((key, mut env), hash)) in batch.into_iter().zip(hashes).enumerate() {
-            env.held.set_position(start + i as u64);
-            let b = this.bucket_of(hash);
-            let word = this.routes[b].fetch_add(1, SeqCst);
-            let worker = match worker_of(word) {
-                UNPLACED => this.place(b, word + 1),
-                w => w as usize,
-            };
+            let position = start + i as u64;
+            env.held.set_position(position);
+            let worker = this.route(this.bucket_of(hash));
             this.ports[worker].inbox.push_stamped(
                 Delivery { key, hash, env },
-                this.shared.metrics.stamp(sent_of(word)),
+                this.shared.metrics.stamp(position),
             );
             if !touched.contains(&worker) {
                 touched.push(worker);
@@ -1027,7 +996,6 @@ where
                     // A force stop emptied the port; it hands back the rest.
                     continue;
                 }
-                let nb = this.routes.len();
                 let mut keep = VecDeque::new();
                 let old = std::mem::take(&mut gate.deferred);
                 let popped = std::iter::from_fn(|| {
@@ -1037,8 +1005,6 @@ where
                 });
                 for (d, stamp) in old.into_iter().chain(popped) {
                     if stopped(d.env.held.source) {
-                        let count = gate.bucket(this.bucket_of(d.hash), nb);
-                        count.received = count.received.wrapping_add(1);
                         handed.push((Some(d.key), d.env));
                     } else {
                         keep.push_back((d, stamp));
@@ -1177,7 +1143,6 @@ where
         cx: &WorkerCx<'_>,
     ) {
         let port = &this.ports[p];
-        let n = this.routes.len();
         let throughput = this.shared.config.throughput as u32;
         let tick = cx.tick();
         let mut more = true;
@@ -1201,8 +1166,6 @@ where
                 break;
             };
             let b = this.bucket_of(hash);
-            let count = gate.bucket(b, n);
-            count.received = count.received.wrapping_add(1);
             if env.held.source.get().is_stopped() {
                 // Its source is stopping: hand it back, do not start it.
                 drop(gate);
@@ -2059,9 +2022,7 @@ where
         let inner = Arc::new(DispatcherInner {
             shared: shared.clone(),
             handler: self.handler,
-            routes: (0..buckets)
-                .map(|_| AtomicU64::new(route_word(UNPLACED, 0)))
-                .collect(),
+            routes: (0..buckets).map(|_| AtomicU64::new(UNPLACED)).collect(),
             ports: (0..shared.workers.len())
                 .map(|p| {
                     CachePadded::new(Port {
