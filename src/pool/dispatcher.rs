@@ -99,7 +99,7 @@ use crate::pool::receiver::WeakCore;
 use crate::pool::receiver::{Batch, Core, Receiver, ReceiverBuilder};
 use crate::pool::source::{wait_all_drained, Ended, Source, SourceRef};
 use crate::pool::task::{Runnable, Task};
-use crate::pool::worker::WorkerCx;
+use crate::pool::worker::{Look, WorkerCx};
 use crate::sync::atomic::fence;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, SpinGuard, SpinLock};
@@ -697,10 +697,13 @@ where
         // The worker its task was queued on, or its turn runs on.
         let on = port.running_on.load(SeqCst);
         let shared = &this.shared;
-        if crate::pool::worker::current_index(shared.id()) == Some(on)
-            || !shared.workers[on].stuck(true)
-        {
+        if crate::pool::worker::current_index(shared.id()) == Some(on) {
             return;
+        }
+        match shared.workers[on].look(true, shared.now_us()) {
+            Look::Stuck => {}
+            Look::Pending => return shared.ensure_watcher(on),
+            Look::No => return,
         }
         if st == PORT_SCHEDULED {
             // Its task waits behind the stuck step: an idle worker takes it.

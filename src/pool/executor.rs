@@ -47,11 +47,18 @@
 //! poll, a handler that blocks its thread) runs on an idle one meanwhile:
 //!
 //! - *Stuck*: a worker is `RUNNING` and the same step (its `steps` count: a
-//!   task taken, or a message its port runs in the slot) was seen twice
-//!   (`Worker::stuck`) by threads that looked because they had work for it
-//!   or none of their own. A worker making progress is never stuck, however
-//!   busy, so a busy pool keeps every task where it is (the sticky path
-//!   costs one relaxed load of `idle` per submit).
+//!   task taken, or a message its port runs in the slot) was first seen at
+//!   least 50 µs before a later look (`Worker::look`), by threads that
+//!   looked because they had work for it or none of their own. A worker
+//!   making progress is never stuck, however busy, so a busy pool keeps
+//!   every task where it is (the sticky path costs one relaxed load of
+//!   `idle` per submit). A look that queues work behind a step not yet old
+//!   enough (`Look::Pending`) makes sure a later look comes: an idle
+//!   worker parked with a timeout looks by itself; if every idle worker
+//!   sleeps without one, one is called (`Shared::ensure_watcher`), and
+//!   parks watching from then on. (The verdict used to be two looks at the
+//!   same step: a burst of wake-ups behind one short step made them within
+//!   a microsecond, and moved work for nothing.)
 //! - Only while some worker is idle (`Shared::idle`, counted around its
 //!   spin and park) do submitters look, and a submitter whose port is busy
 //!   looks one time in eight (`worker::look_now`: a look reads a line the
@@ -92,7 +99,7 @@ use crate::pool::source::{PinnedSource, SourceRef};
 use crate::pool::spawn::Spawned;
 use crate::pool::stats::{DispatcherStats, ExecutorStats, WorkerState, WorkerStats};
 use crate::pool::task::Task;
-use crate::pool::worker::{self, Worker, EXITED, PARKED, RUNNING, SPINNING};
+use crate::pool::worker::{self, Look, Worker, EXITED, PARKED, RUNNING, SPINNING};
 use crate::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{thread, Arc, Condvar, Mutex};
 use crate::trace;
@@ -274,9 +281,10 @@ impl Shared {
         if worker::current_index(self.id()) == Some(worker) {
             return;
         }
-        let w = &self.workers[worker];
-        if w.stuck(!looked) {
-            self.call_helper(worker);
+        match self.workers[worker].look(!looked, self.now_us()) {
+            Look::Stuck => self.call_helper(worker),
+            Look::Pending => self.ensure_watcher(worker),
+            Look::No => {}
         }
     }
 
@@ -313,7 +321,9 @@ impl Shared {
     /// which is not stuck if it runs this), else `worker`.
     #[cold]
     fn redirect(&self, worker: usize) -> usize {
-        if worker::current_index(self.id()) == Some(worker) || !self.workers[worker].stuck(true) {
+        if worker::current_index(self.id()) == Some(worker)
+            || self.workers[worker].look(true, self.now_us()) != Look::Stuck
+        {
             return worker;
         }
         self.idle_worker(worker).unwrap_or(worker)
@@ -335,6 +345,48 @@ impl Shared {
         parked
     }
 
+    /// Microseconds since the executor's epoch (wrapping): the clock of
+    /// stuck verdicts and helper calls.
+    #[inline]
+    pub(crate) fn now_us(&self) -> u32 {
+        #[cfg(not(loom))]
+        return self.watch.epoch().elapsed().as_micros() as u32;
+        #[cfg(loom)]
+        0
+    }
+
+    /// Work was queued behind `busy`'s step, seen but not yet for long
+    /// enough to call it stuck: a later look must come even if no
+    /// submitter does. An idle worker parked with a timeout (`watching`)
+    /// looks by itself; one parked without is called, once, and parks
+    /// watching from then on while `busy` has a backlog. (Without this, a
+    /// future woken behind a blocked step waited for good: the one look
+    /// at it came before the step was old enough.)
+    #[cold]
+    pub(crate) fn ensure_watcher(&self, busy: usize) {
+        #[cfg(not(loom))]
+        {
+            let mut watched = false;
+            let mut sleeper = None;
+            for (i, w) in self.workers.iter().enumerate() {
+                if i == busy || !w.is_idle() {
+                    continue;
+                }
+                if w.parked_unwatching() {
+                    sleeper = sleeper.or(Some(i));
+                } else {
+                    // Spinning, settling or watching: it looks again.
+                    watched = true;
+                }
+            }
+            if let (false, Some(i)) = (watched, sleeper) {
+                self.workers[i].call();
+            }
+        }
+        #[cfg(loom)]
+        let _ = busy;
+    }
+
     /// `stuck` is stuck with work queued behind its step: call an idle
     /// worker to take it.
     #[cold]
@@ -349,7 +401,7 @@ impl Shared {
         if let Some(i) = self.idle_worker(stuck) {
             #[cfg(not(loom))]
             {
-                let now = self.watch.epoch().elapsed().as_micros() as u32;
+                let now = self.now_us();
                 if !self.workers[stuck].may_call(now) {
                     return;
                 }

@@ -62,11 +62,30 @@ pub(crate) struct Counters {
     pub(crate) spin_hits: AtomicU64,
 }
 
-/// Sightings of one step (by submitters that queued work behind it, or by
-/// idle workers looking for work) before its worker counts as stuck in it.
-/// Under loom one: every running worker counts as stuck, so that the
-/// models explore a steal wherever one can happen.
-const STUCK_SIGHTINGS: u32 = if cfg!(loom) { 1 } else { 2 };
+/// How long (µs) one step must have been seen running before its worker
+/// counts as stuck in it: from the first look at the step (by a submitter
+/// that queued work behind it, or an idle worker looking for some) to a
+/// later one. A time, not a number of looks: a burst of wake-ups behind
+/// one short step (a device completing many futures at once) is many
+/// looks within a microsecond, and counting them made a 2-look rule call
+/// a step of a few µs stuck, moving tasks to a parked worker (a futex
+/// wake-up each: 40,000 a run of W3).
+#[cfg(not(loom))]
+const STUCK_AFTER_US: u32 = 50;
+
+/// What a look at a worker found (see [`Worker::look`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Look {
+    /// Not running a step (idle, parked, exited).
+    No,
+    /// Running a step seen for less than [`STUCK_AFTER_US`]: whoever
+    /// queued work behind it must see that someone looks again later
+    /// (`Shared::ensure_watcher`). Never under loom.
+    #[cfg_attr(loom, allow(dead_code))]
+    Pending,
+    /// Stuck: the same step, seen at least [`STUCK_AFTER_US`] ago.
+    Stuck,
+}
 
 /// The least time (µs) between two calls for help for the same stuck step.
 #[cfg(not(loom))]
@@ -99,8 +118,14 @@ pub(crate) struct Worker {
 
 /// The part of a worker other threads write: sightings and calls.
 struct Watched {
-    /// The step last seen (low 32 bits) and how often (high 32 bits).
+    /// The step last seen (low 32 bits) and when it was first seen (µs
+    /// since the executor's epoch, high 32 bits).
+    #[cfg(not(loom))]
     seen: AtomicU64,
+    /// The worker parks with a timeout, to look again (`park_watching`):
+    /// nobody needs to wake it for a step that may get stuck.
+    #[cfg(not(loom))]
+    watching: AtomicBool,
     /// Another thread asked this (idle) worker to look for a stuck one.
     call: AtomicBool,
     /// When a helper was last called for this worker (µs since the
@@ -120,7 +145,10 @@ impl Worker {
             local: Mutex::new(Some(local)),
             steps: CachePadded::new(AtomicU32::new(0)),
             watched: CachePadded::new(Watched {
+                #[cfg(not(loom))]
                 seen: AtomicU64::new(0),
+                #[cfg(not(loom))]
+                watching: AtomicBool::new(false),
                 call: AtomicBool::new(false),
                 #[cfg(not(loom))]
                 called: AtomicU64::new(u64::MAX),
@@ -140,38 +168,50 @@ impl Worker {
     }
 
     /// Whether this worker counts as stuck in the step it runs: `RUNNING`,
-    /// and the same step seen [`STUCK_SIGHTINGS`] times. With `sighting`,
-    /// this look is one more sighting: a submitter that queues work behind
-    /// the worker, or an idle worker looking for some, adds one; a second
-    /// look by the same caller (a submitter's look after its push) adds
-    /// none, so one step is never counted twice. A worker that makes
-    /// progress moves `steps` on and is never stuck, however busy. The
-    /// sightings race (relaxed, last writer wins): a lost one only delays
-    /// the verdict by one sighting.
-    pub(crate) fn stuck(&self, sighting: bool) -> bool {
+    /// and the same step seen at least [`STUCK_AFTER_US`] before this look
+    /// (`now`, µs since the executor's epoch). With `sighting`, a look at a
+    /// step not seen before records it as first seen now; without (a
+    /// caller's second look in one submit), it only reads. A worker that
+    /// makes progress moves `steps` on and is never stuck, however busy.
+    /// Sightings race (relaxed, last writer wins): a lost one only delays
+    /// the verdict, by at most one more look.
+    pub(crate) fn look(&self, sighting: bool, now: u32) -> Look {
         if self.state.load(SeqCst) != RUNNING || self.watched.idle.load(SeqCst) {
-            return false;
+            return Look::No;
         }
-        if STUCK_SIGHTINGS == 1 {
-            return true;
+        #[cfg(loom)]
+        {
+            // Under loom every running worker counts as stuck, so that the
+            // models explore a steal wherever one can happen.
+            let _ = (sighting, now);
+            Look::Stuck
         }
-        let step = self.steps.load(Relaxed);
-        let seen = self.watched.seen.load(Relaxed);
-        let before = if seen as u32 == step {
-            (seen >> 32) as u32
-        } else {
-            0
-        };
-        if !sighting {
-            return before >= STUCK_SIGHTINGS;
+        #[cfg(not(loom))]
+        {
+            let step = self.steps.load(Relaxed);
+            let seen = self.watched.seen.load(Relaxed);
+            if seen as u32 == step {
+                let first = (seen >> 32) as u32;
+                return if now.wrapping_sub(first) >= STUCK_AFTER_US {
+                    Look::Stuck
+                } else {
+                    Look::Pending
+                };
+            }
+            if sighting {
+                self.watched
+                    .seen
+                    .store(u64::from(step) | (u64::from(now) << 32), Relaxed);
+            }
+            Look::Pending
         }
-        let times = before + 1;
-        if times <= STUCK_SIGHTINGS {
-            self.watched
-                .seen
-                .store(u64::from(step) | (u64::from(times) << 32), Relaxed);
-        }
-        times >= STUCK_SIGHTINGS
+    }
+
+    /// Whether it sleeps without a timeout: nobody looks at a stuck step
+    /// for it unless called.
+    #[cfg(not(loom))]
+    pub(crate) fn parked_unwatching(&self) -> bool {
+        self.state.load(SeqCst) == PARKED && !self.watched.watching.load(SeqCst)
     }
 
     /// Whether a helper may be called for this (stuck) worker at `now` (µs):
@@ -417,7 +457,7 @@ impl WorkerCx<'_> {
             let waiting = !other.thief.is_empty()
                 || !other.queue.is_empty()
                 || other.local_len.load(Relaxed) != 0;
-            if waiting && other.stuck(true) {
+            if waiting && other.look(true, self.shared.now_us()) == Look::Stuck {
                 // A task queued behind the step, else the rest of a port's
                 // turn that the step holds up.
                 if let Some(task) = other.steal().or_else(|| self.shared.takeover(w)) {
@@ -804,9 +844,11 @@ const WATCH_PARK: Duration = Duration::from_micros(100);
 /// itself (unless a waker did: its unpark then costs one spurious wake).
 #[cfg(not(loom))]
 fn park_watching(me: &Worker) {
+    me.watched.watching.store(true, SeqCst);
     if me.state.load(SeqCst) == PARKED {
         thread::park_timeout(WATCH_PARK);
     }
+    me.watched.watching.store(false, SeqCst);
     let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
 }
 
