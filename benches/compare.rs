@@ -23,7 +23,10 @@
 //! `KEYED_BENCH_DESIGNS` (`tokio,striped`: substrings of the row labels),
 //! `KEYED_BENCH_CREDIT` (the crate's `max_in_flight` per receiver in W1,
 //! W1b, W2, W3, W7, W9; default 1,024 for the sync handlers, 4,096 for W3's
-//! async one; `--grid` and `--w3-curve` set their own).
+//! async one; `--grid` and `--w3-curve` set their own). Diagnostics for the
+//! crate's rows: `KEYED_BENCH_STATS=1` prints its workers' counters after
+//! each run (messages run per worker, parks, wake-ups, spin hits) on
+//! stderr; `KEYED_BENCH_NO_WC=1` turns its work conservation off.
 
 mod common;
 

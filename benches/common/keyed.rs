@@ -64,6 +64,8 @@ impl<H: Handler> Design<H> for Keyed<H> {
             .workers(cfg.workers)
             .throughput(16)
             .spin(cfg.spin)
+            // `KEYED_BENCH_NO_WC=1`: work conservation off (diagnostic).
+            .work_conservation(std::env::var_os("KEYED_BENCH_NO_WC").is_none())
             .build()
             .expect("keyed-executor config");
         let work = Arc::new(work);
@@ -125,8 +127,9 @@ impl<H: Handler> Design<H> for Keyed<H> {
             let sum = |f: fn(&keyed_executor::WorkerStats) -> u64| -> u64 {
                 stats.workers.iter().map(f).sum()
             };
+            let per: Vec<u64> = stats.workers.iter().map(|w| w.done).collect();
             eprintln!(
-                "keyed-executor stats: done {} parks {} unparks {} spin_hits {}",
+                "keyed-executor stats: done {} per worker {per:?} parks {} unparks {} spin_hits {}",
                 stats.done,
                 sum(|w| w.parks),
                 sum(|w| w.unparks),
