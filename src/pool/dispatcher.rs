@@ -879,19 +879,27 @@ where
             .record(hash, spent.min(u32::MAX as usize) as u32, cx.tick());
         // SAFETY: as above: the queue is empty, no future is stored.
         let key = unsafe { mailbox.release(false) };
-        // Keep as many spares as the port has live mailboxes (at least
-        // `SPARES`): keys whose handlers suspend (async I/O) each hold a
-        // mailbox while they wait, and with a fixed cap every message paid
-        // an allocation and a free (W3). As the live ones drain, one excess
-        // spare goes per drain, so the spares follow them down.
-        let keep = SPARES.max(gate.active.len());
-        let excess = if gate.spares.len() < keep {
+        // Keep as many spares as the port has live mailboxes, plus a
+        // quarter, plus `SPARES`: keys whose handlers suspend (async I/O)
+        // each hold a mailbox while they wait, and with a fixed cap every
+        // message paid an allocation and a free (W3). The margin absorbs a
+        // burst of completions (a device finishing many futures at once):
+        // with the cap at the live count exactly, each drain of a burst
+        // lowered the cap by one and freed two mailboxes, which the next
+        // burst of new keys allocated again. As the live ones drain, one
+        // excess spare goes per drain, so the spares follow them down; the
+        // last live one's drain keeps `SPARES` and lets the rest go.
+        let live = gate.active.len();
+        let keep = SPARES + live + live / 4;
+        let excess: Vec<MailboxRef<K, M, H, S>> = if live == 0 && gate.spares.len() > SPARES {
+            gate.spares.split_off(SPARES)
+        } else if gate.spares.len() < keep {
             gate.spares.push(mailbox.clone());
-            None
+            Vec::new()
         } else if gate.spares.len() > keep {
-            gate.spares.pop()
+            gate.spares.pop().into_iter().collect()
         } else {
-            None
+            Vec::new()
         };
         drop(gate);
         drop(excess);
