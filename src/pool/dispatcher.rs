@@ -700,7 +700,7 @@ where
         if crate::pool::worker::current_index(shared.id()) == Some(on) {
             return;
         }
-        match shared.workers[on].look(true, shared.now_us()) {
+        match shared.workers[on].look(true, || shared.now_us()) {
             Look::Stuck => {}
             Look::Pending => return shared.ensure_watcher(on),
             Look::No => return,

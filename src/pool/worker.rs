@@ -169,13 +169,13 @@ impl Worker {
 
     /// Whether this worker counts as stuck in the step it runs: `RUNNING`,
     /// and the same step seen at least [`STUCK_AFTER_US`] before this look
-    /// (`now`, µs since the executor's epoch). With `sighting`, a look at a
-    /// step not seen before records it as first seen now; without (a
-    /// caller's second look in one submit), it only reads. A worker that
+    /// (`now`: µs since the executor's epoch, read only if the worker runs
+    /// a step). With `sighting`, a look at a step not seen before records
+    /// it as first seen now; without, it only reads. A worker that
     /// makes progress moves `steps` on and is never stuck, however busy.
     /// Sightings race (relaxed, last writer wins): a lost one only delays
     /// the verdict, by at most one more look.
-    pub(crate) fn look(&self, sighting: bool, now: u32) -> Look {
+    pub(crate) fn look(&self, sighting: bool, now: impl FnOnce() -> u32) -> Look {
         if self.state.load(SeqCst) != RUNNING || self.watched.idle.load(SeqCst) {
             return Look::No;
         }
@@ -192,7 +192,7 @@ impl Worker {
             let seen = self.watched.seen.load(Relaxed);
             if seen as u32 == step {
                 let first = (seen >> 32) as u32;
-                return if now.wrapping_sub(first) >= STUCK_AFTER_US {
+                return if now().wrapping_sub(first) >= STUCK_AFTER_US {
                     Look::Stuck
                 } else {
                     Look::Pending
@@ -201,7 +201,7 @@ impl Worker {
             if sighting {
                 self.watched
                     .seen
-                    .store(u64::from(step) | (u64::from(now) << 32), Relaxed);
+                    .store(u64::from(step) | (u64::from(now()) << 32), Relaxed);
             }
             Look::Pending
         }
@@ -457,7 +457,7 @@ impl WorkerCx<'_> {
             let waiting = !other.thief.is_empty()
                 || !other.queue.is_empty()
                 || other.local_len.load(Relaxed) != 0;
-            if waiting && other.look(true, self.shared.now_us()) == Look::Stuck {
+            if waiting && other.look(true, || self.shared.now_us()) == Look::Stuck {
                 // A task queued behind the step, else the rest of a port's
                 // turn that the step holds up.
                 if let Some(task) = other.steal().or_else(|| self.shared.takeover(w)) {
