@@ -1,8 +1,9 @@
 #![cfg(loom)]
 //! Loom models of the two stops: `shutdown_now` racing a submit and a
 //! running step (every message finished or handed back exactly once; a
-//! second `shutdown_now` is harmless), and `shutdown(timeout)` racing a
-//! suspended future woken late (drained, workers joined).
+//! second `shutdown_now` is harmless), `shutdown_now` racing a batch
+//! send, and `shutdown(timeout)` racing a suspended future woken late
+//! (drained, workers joined).
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom -C debug_assertions" LOOM_MAX_PREEMPTIONS=2 \
@@ -186,4 +187,87 @@ fn shutdown_two_workers() {
         assert_eq!(log.polls(1), 2);
         assert_eq!(d.live_mailboxes(), 0);
     });
+}
+
+static BATCH_STOP_ENDS: [StdCounter; 3] = [ZERO; 3];
+
+/// One worker: a loom thread sends a batch of two messages for one key
+/// (one chunk: one unit CAS, one positions `fetch_add`, two pushes, one
+/// fence) while the main thread calls the executor's `shutdown_now`. The
+/// stop may come before the chunk's positions, between its pushes and
+/// its look at the port's `closed`, or after both ran. Each message ends
+/// exactly once — ran, handed back through `on_reject`, or refused in the
+/// batch's error — the key's order holds (a message handed back is never
+/// followed by one that ran), and every unit comes back. (Checked: it
+/// fails if the batch skips its late hand-back after the pushes, and on a
+/// variant that bundled a chunk into one inbox entry and lost its second
+/// message in the stop.)
+#[test]
+fn a_batch_vs_shutdown_now() {
+    model("a_batch_vs_shutdown_now", || {
+        let log = Log::new();
+        let hooked = std::sync::Arc::new(StdMutex::new(Vec::new()));
+        let h = hooked.clone();
+        let ex = executor(1, 16);
+        let d = ex
+            .dispatcher_builder(Script::new(&log))
+            .hasher(Fixed::default())
+            .on_reject(move |_, msg: Msg| h.lock().unwrap().push(msg.id))
+            .build();
+        let r = d.receiver(2).unwrap();
+        let r2 = r.clone();
+        let sender =
+            thread::spawn(
+                move || match r2.send_batch([(0, Msg::now(1)), (0, Msg::now(2))]) {
+                    Ok(p) => {
+                        assert_eq!(p.iter().collect::<Vec<_>>(), [0, 1]);
+                        Vec::new()
+                    }
+                    Err(e) => {
+                        assert!(e.is_closed());
+                        let taken = e.sent().len();
+                        let rest: Vec<u32> = e.into_rest().into_iter().map(|(_, m)| m.id).collect();
+                        assert_eq!(rest.len() + taken, 2);
+                        rest
+                    }
+                },
+            );
+        ex.shutdown_now();
+        assert!(ex.is_terminated(), "shutdown_now joins the workers");
+        let refused = sender.join().unwrap();
+        let hooked = hooked.lock().unwrap().clone();
+        for id in [1, 2] {
+            let ran = log.ended(id);
+            let ways = [ran, hooked.contains(&id), refused.contains(&id)];
+            assert_eq!(
+                ways.iter().filter(|w| **w).count(),
+                1,
+                "message {id}: ran/hooked/refused = {ways:?}"
+            );
+            if !ran {
+                assert!(!log.started(id), "{id} handed back but it started");
+            }
+        }
+        if log.ended(2) {
+            assert!(log.ended(1), "2 ran although 1 did not");
+        }
+        log.assert_serial();
+        assert_eq!(r.in_flight(), 0, "every unit came back");
+        let kind = if !refused.is_empty() {
+            0
+        } else if !hooked.is_empty() {
+            1
+        } else {
+            2
+        };
+        BATCH_STOP_ENDS[kind].fetch_add(1, Relaxed);
+    });
+    assert_all_seen(
+        "a_batch_vs_shutdown_now",
+        &[
+            ("refused in the batch error", &BATCH_STOP_ENDS[0]),
+            ("handed back through on_reject", &BATCH_STOP_ENDS[1]),
+            ("both ran", &BATCH_STOP_ENDS[2]),
+        ],
+    );
 }
