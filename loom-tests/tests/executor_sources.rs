@@ -17,7 +17,10 @@ use std::future::{ready, Ready};
 use std::sync::atomic::{AtomicUsize as StdCounter, Ordering::Relaxed};
 use std::sync::Mutex as StdMutex;
 
-use common::{assert_all_seen, executor, model, scripted, Event, Fixed, Log, Msg, Script, LONG};
+use common::{
+    assert_all_seen, batch_of_two_vs_stop, executor, model, scripted, Event, Fixed, Log, Msg,
+    BATCH_HOOKED, BATCH_RAN, BATCH_REFUSED, LONG,
+};
 use keyed_executor::handler::Handler;
 use keyed_executor::{Receiver, SubmitError, TaskError};
 use loom::thread;
@@ -430,70 +433,20 @@ static BATCH_ENDS: [StdCounter; 3] = [ZERO; 3];
 /// while the main thread calls the receiver's `shutdown_now`. Each message
 /// ends exactly once — run, handed back through `on_reject`, or refused
 /// in the batch's error — the key's order holds (a message handed back is
-/// never followed by a later one that ran), and the units come back.
+/// never followed by a later one that ran), and the units come back (see
+/// `common::batch_of_two_vs_stop`).
 #[test]
 fn a_batch_vs_receiver_shutdown_now() {
     model("a_batch_vs_receiver_shutdown_now", || {
-        let log = Log::new();
-        let hooked = std::sync::Arc::new(StdMutex::new(Vec::new()));
-        let h = hooked.clone();
-        let ex = executor(1, 16);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .on_reject(move |_, msg: Msg| h.lock().unwrap().push(msg.id))
-            .build();
-        let r = d.receiver(2).unwrap();
-        let r2 = r.clone();
-        let sender =
-            thread::spawn(
-                move || match r2.send_batch([(0, Msg::now(1)), (0, Msg::now(2))]) {
-                    Ok(p) => {
-                        assert_eq!(p.iter().collect::<Vec<_>>(), [0, 1]);
-                        Vec::new()
-                    }
-                    Err(e) => {
-                        assert!(e.is_closed());
-                        let taken = e.sent().len();
-                        let rest: Vec<u32> = e.into_rest().into_iter().map(|(_, m)| m.id).collect();
-                        assert_eq!(rest.len() + taken, 2);
-                        rest
-                    }
-                },
-            );
-        r.shutdown_now();
-        let refused = sender.join().unwrap();
-        ex.shutdown_now();
-        let hooked = hooked.lock().unwrap().clone();
-        for id in [1, 2] {
-            let ran = log.ended(id);
-            let ways = [ran, hooked.contains(&id), refused.contains(&id)];
-            assert_eq!(
-                ways.iter().filter(|w| **w).count(),
-                1,
-                "message {id}: ran/hooked/refused = {ways:?}"
-            );
-        }
-        if log.ended(2) {
-            assert!(log.ended(1), "2 ran although 1 did not");
-        }
-        log.assert_serial();
-        assert_eq!(r.in_flight(), 0, "every unit came back");
-        let kind = if !refused.is_empty() {
-            0
-        } else if !hooked.is_empty() {
-            1
-        } else {
-            2
-        };
+        let kind = batch_of_two_vs_stop(|_, r| r.shutdown_now());
         BATCH_ENDS[kind].fetch_add(1, Relaxed);
     });
     assert_all_seen(
         "a_batch_vs_receiver_shutdown_now",
         &[
-            ("refused in the batch error", &BATCH_ENDS[0]),
-            ("handed back through on_reject", &BATCH_ENDS[1]),
-            ("both ran", &BATCH_ENDS[2]),
+            ("refused in the batch error", &BATCH_ENDS[BATCH_REFUSED]),
+            ("handed back through on_reject", &BATCH_ENDS[BATCH_HOOKED]),
+            ("both ran", &BATCH_ENDS[BATCH_RAN]),
         ],
     );
 }

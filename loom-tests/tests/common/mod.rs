@@ -545,3 +545,79 @@ impl Drop for Work {
         }
     }
 }
+
+// ----- a batch racing a stop --------------------------------------------------
+
+/// How a batch-vs-stop execution ended (see [`batch_of_two_vs_stop`]).
+pub const BATCH_REFUSED: usize = 0;
+/// Some message was handed back through the `on_reject` hook.
+pub const BATCH_HOOKED: usize = 1;
+/// Both messages ran.
+pub const BATCH_RAN: usize = 2;
+
+/// One worker: a loom thread sends a batch of two messages for key 0 (one
+/// chunk) on a receiver with two units while the main thread runs `stop`
+/// (given the executor and the receiver). Each message ends exactly once
+/// — ran, handed back through `on_reject`, or refused in the batch's
+/// error — a message handed back never started, the key's order holds (a
+/// message handed back is never followed by one that ran), and every unit
+/// comes back. Returns how the execution ended (`BATCH_*`).
+pub fn batch_of_two_vs_stop(
+    stop: impl FnOnce(&KeyedExecutor, &keyed_executor::Receiver<u8, Msg, u32>),
+) -> usize {
+    let log = Log::new();
+    let hooked = std::sync::Arc::new(StdMutex::new(Vec::new()));
+    let h = hooked.clone();
+    let ex = executor(1, 16);
+    let d = ex
+        .dispatcher_builder(Script::new(&log))
+        .hasher(Fixed::default())
+        .on_reject(move |_, msg: Msg| h.lock().unwrap().push(msg.id))
+        .build();
+    let r = d.receiver(2).unwrap();
+    let r2 = r.clone();
+    let sender =
+        loom::thread::spawn(
+            move || match r2.send_batch([(0, Msg::now(1)), (0, Msg::now(2))]) {
+                Ok(p) => {
+                    assert_eq!(p.iter().collect::<Vec<_>>(), [0, 1]);
+                    Vec::new()
+                }
+                Err(e) => {
+                    assert!(e.is_closed());
+                    let taken = e.sent().len();
+                    let rest: Vec<u32> = e.into_rest().into_iter().map(|(_, m)| m.id).collect();
+                    assert_eq!(rest.len() + taken, 2);
+                    rest
+                }
+            },
+        );
+    stop(&ex, &r);
+    let refused = sender.join().unwrap();
+    ex.shutdown_now();
+    let hooked = hooked.lock().unwrap().clone();
+    for id in [1, 2] {
+        let ran = log.ended(id);
+        let ways = [ran, hooked.contains(&id), refused.contains(&id)];
+        assert_eq!(
+            ways.iter().filter(|w| **w).count(),
+            1,
+            "message {id}: ran/hooked/refused = {ways:?}"
+        );
+        if !ran {
+            assert!(!log.started(id), "{id} handed back but it started");
+        }
+    }
+    if log.ended(2) {
+        assert!(log.ended(1), "2 ran although 1 did not");
+    }
+    log.assert_serial();
+    assert_eq!(r.in_flight(), 0, "every unit came back");
+    if !refused.is_empty() {
+        BATCH_REFUSED
+    } else if !hooked.is_empty() {
+        BATCH_HOOKED
+    } else {
+        BATCH_RAN
+    }
+}
