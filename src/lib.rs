@@ -54,14 +54,17 @@
 //!   inbox, mailboxes queued or woken behind the step — for one turn, after
 //!   which the work goes back to its own worker (and moves again only if
 //!   that one is still stuck). The step itself never moves, and its key's
-//!   next messages wait for it (one at a time, in order, as ever). A worker counts as stuck once two looks (by submitters with work
-//!   for it, or by idle workers) found it in the same step; see
+//!   next messages wait for it (one at a time, in order, as ever). A
+//!   worker counts as stuck once it has been seen in the same step for
+//!   50 µs (by submitters with work for it, or by idle workers, which
+//!   look again every 100 µs while a worker has work waiting); see
 //!   "Choosing settings" for what to expect.
-//! - **Routing.** A submitter records the message in its key's pin (which
-//!   worker the key is on) and pushes it on the dispatcher's inbox for that
-//!   worker; the worker moves it into the mailbox. Only submitters touch pins
-//!   and only a mailbox's worker touches the mailbox, so the per-message
-//!   hand-off between threads is one queue push, as in a striped pool.
+//! - **Routing.** A submitter reads its key's pin (which worker the key is
+//!   on; written once, when the key's bucket is first used) and pushes the
+//!   message on the dispatcher's inbox for that worker; the worker moves
+//!   it into the mailbox. Only submitters touch pins and only a mailbox's
+//!   worker touches the mailbox, so the per-message hand-off between
+//!   threads is one queue push, as in a striped pool.
 //! - **Async handlers.** A handler's future is polled on the key's worker with
 //!   the crate's own waker. `Pending` releases the worker; a wake from any
 //!   thread (a runtime's timer or reactor, a channel, another thread)
@@ -188,8 +191,8 @@
 //!   no executor can give back a thread a handler blocks, so with as many
 //!   blocked steps as workers everything waits. Move blocking calls off the
 //!   pool (e.g. tokio's `spawn_blocking`, awaited), or size `workers` for
-//!   them knowingly. Expect a CPU-heavy key to cost the other keys a few
-//!   tens of µs of latency when its step begins (until it is seen stuck),
+//!   them knowingly. Expect a CPU-heavy key to cost the other keys about
+//!   50–150 µs of latency when its step begins (until it is seen stuck),
 //!   not the length of its step.
 //! - **`throughput`** (default 16): messages a mailbox runs in one turn before
 //!   going to the back of its worker's queue. Higher favours hot keys'
