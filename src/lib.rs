@@ -393,8 +393,8 @@
 //! every 1,024 messages and before it parks, so a scrape's counters lag by
 //! at most that; one message in `metrics_sampling` (a builder setting with
 //! the feature; default 256, counted by position in the receiver, so at
-//! least the first message of each receiver) is timed for the `_seconds` histograms (three
-//! clock readings); `in_flight` is re-read when a worker flushes, before
+//! least the first message of each receiver) is timed for the `_seconds`
+//! histograms (three clock readings); `in_flight` is re-read when a worker flushes, before
 //! it parks, on every [`KeyedExecutor::stats`] call and after a stop — a
 //! source stalled behind stuck workers shows its last value until then, so
 //! call `stats()` from the scrape loop to refresh it. With the Prometheus

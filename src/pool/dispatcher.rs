@@ -22,17 +22,18 @@
 //! keyed by the submitter's hash) lives under the port's *gate*, a lock
 //! the runner takes per delivery and that stops, retirement and takeovers
 //! take to touch the port. A port's turn takes up to `PORT_BATCH`
-//! deliveries in order; each finds or creates its key's mailbox, and is offered to it (`Mailbox::offer`): an
-//! idle mailbox with budget left in its turn runs the message at once, with
-//! the gate released; otherwise the message joins the mailbox's queue (and
-//! a mailbox revived with its turn spent goes to the back of the worker's
-//! queue). A port with deliveries left re-queues itself behind the worker's
-//! other tasks.
+//! deliveries in order; each finds or creates its key's mailbox and is
+//! offered to it (`Mailbox::offer`): an idle mailbox with budget left in
+//! its turn runs the message at once, with the gate released; otherwise
+//! the message joins the mailbox's queue (and a mailbox revived with its
+//! turn spent goes to the back of the worker's queue). A port with
+//! deliveries left re-queues itself behind the worker's other tasks.
 //!
-//! A bucket keeps the port it was placed on for the dispatcher's life. Port `p` belongs to worker `p`: its task
-//! is queued there, and its mailboxes run there. Its task carries the
-//! port's index (the task's tag), so that another worker can run it when
-//! work conservation moves it (see `executor.rs`): for that turn only.
+//! A bucket keeps the port it was placed on for the dispatcher's life.
+//! Port `p` belongs to worker `p`: its task is queued there, and its
+//! mailboxes run there. Its task carries the port's index (the task's
+//! tag), so that another worker can run it when work conservation moves
+//! it (see `executor.rs`): for that turn only.
 //!
 //! # Taking over a turn
 //!
@@ -700,7 +701,7 @@ where
         if crate::pool::worker::current_index(shared.id()) == Some(on) {
             return;
         }
-        match shared.workers[on].look(true, || shared.now_us()) {
+        match shared.workers[on].look(|| shared.now_us()) {
             Look::Stuck => {}
             Look::Pending => return shared.ensure_watcher(on),
             Look::No => return,

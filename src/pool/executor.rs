@@ -282,7 +282,7 @@ impl Shared {
         if worker::current_index(self.id()) == Some(worker) {
             return;
         }
-        let look = seen.unwrap_or_else(|| self.workers[worker].look(true, || self.now_us()));
+        let look = seen.unwrap_or_else(|| self.workers[worker].look(|| self.now_us()));
         match look {
             Look::Stuck => self.call_helper(worker),
             Look::Pending => self.ensure_watcher(worker),
@@ -327,7 +327,7 @@ impl Shared {
         if worker::current_index(self.id()) == Some(worker) {
             return (worker, Some(Look::No));
         }
-        match self.workers[worker].look(true, || self.now_us()) {
+        match self.workers[worker].look(|| self.now_us()) {
             Look::Stuck => match self.idle_worker(worker) {
                 Some(i) => (i, None),
                 None => (worker, Some(Look::Stuck)),

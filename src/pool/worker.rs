@@ -69,7 +69,7 @@ pub(crate) struct Counters {
 /// one short step (a device completing many futures at once) is many
 /// looks within a microsecond, and counting them made a 2-look rule call
 /// a step of a few µs stuck, moving tasks to a parked worker (a futex
-/// wake-up each: 40,000 a run of W3).
+/// wake-up each; see BENCHMARKS.md, issue 11).
 #[cfg(not(loom))]
 const STUCK_AFTER_US: u32 = 50;
 
@@ -170,12 +170,12 @@ impl Worker {
     /// Whether this worker counts as stuck in the step it runs: `RUNNING`,
     /// and the same step seen at least [`STUCK_AFTER_US`] before this look
     /// (`now`: µs since the executor's epoch, read only if the worker runs
-    /// a step). With `sighting`, a look at a step not seen before records
-    /// it as first seen now; without, it only reads. A worker that
-    /// makes progress moves `steps` on and is never stuck, however busy.
+    /// a step). A look at a step not seen before records it as first seen
+    /// now. A worker that makes progress moves `steps` on and is never
+    /// stuck, however busy.
     /// Sightings race (relaxed, last writer wins): a lost one only delays
     /// the verdict, by at most one more look.
-    pub(crate) fn look(&self, sighting: bool, now: impl FnOnce() -> u32) -> Look {
+    pub(crate) fn look(&self, now: impl FnOnce() -> u32) -> Look {
         if self.state.load(SeqCst) != RUNNING || self.watched.idle.load(SeqCst) {
             return Look::No;
         }
@@ -183,7 +183,7 @@ impl Worker {
         {
             // Under loom every running worker counts as stuck, so that the
             // models explore a steal wherever one can happen.
-            let _ = (sighting, now);
+            let _ = now;
             Look::Stuck
         }
         #[cfg(not(loom))]
@@ -198,11 +198,9 @@ impl Worker {
                     Look::Pending
                 };
             }
-            if sighting {
-                self.watched
-                    .seen
-                    .store(u64::from(step) | (u64::from(now()) << 32), Relaxed);
-            }
+            self.watched
+                .seen
+                .store(u64::from(step) | (u64::from(now()) << 32), Relaxed);
             Look::Pending
         }
     }
@@ -457,7 +455,7 @@ impl WorkerCx<'_> {
             let waiting = !other.thief.is_empty()
                 || !other.queue.is_empty()
                 || other.local_len.load(Relaxed) != 0;
-            if waiting && other.look(true, || self.shared.now_us()) == Look::Stuck {
+            if waiting && other.look(|| self.shared.now_us()) == Look::Stuck {
                 // A task queued behind the step, else the rest of a port's
                 // turn that the step holds up.
                 if let Some(task) = other.steal().or_else(|| self.shared.takeover(w)) {
