@@ -112,9 +112,9 @@ impl std::future::Future for YieldOnce {
 #[test]
 fn different_keys_really_run_at_the_same_time() {
     // Each handler waits until another key's handler is running too, which
-    // serial execution could never satisfy. Placement may put the second key
-    // on the busy worker (it is "running with nothing queued"), but a third
-    // key then goes to the parked one.
+    // serial execution could never satisfy. Placement may put every key on
+    // the busy worker (it is "running with nothing queued"); then the idle
+    // worker takes the rest of that turn over (work conservation).
     let executor = KeyedExecutor::builder().workers(2).build().unwrap();
     let inside = Arc::new(AtomicUsize::new(0));
     let i = inside.clone();

@@ -175,6 +175,58 @@ fn a_future_woken_behind_a_blocked_step_runs_on_the_idle_worker() {
     assert_eq!(d.live_mailboxes(), 0);
 }
 
+enum Pair {
+    /// Says it started, then blocks its worker until the other key's
+    /// message opens the gate.
+    Wait(Gate, Gate),
+    /// Opens the gate.
+    Open(Gate),
+}
+
+/// Two keys of one bucket (so one port, one worker): the first blocks its
+/// worker until the second has run, which only the idle worker can do. On
+/// a fresh executor each round, so that the second message lands while the
+/// other worker is on its way to sleep: before, a submit that queued behind
+/// a running step looked at the step one time in eight, and a worker that
+/// had just decided nobody needed watching slept for good — the pair then
+/// waited for ever (about 1 round in 100). Every other round the second
+/// message is sent only once the first runs; the rest send both at once.
+#[test]
+fn a_lone_message_behind_a_step_that_began_as_the_other_worker_slept() {
+    for round in 0..env_u64("KEYED_LONE_ROUNDS", 300) {
+        let ex = KeyedExecutor::builder().workers(2).build().unwrap();
+        let d = ex
+            .dispatcher_builder(handler::from_fn(|_k: &u64, m: Pair| match m {
+                Pair::Wait(started, gate) => {
+                    started.open();
+                    gate.wait();
+                }
+                Pair::Open(gate) => gate.open(),
+            }))
+            .hasher(ByIdentity::default())
+            .build();
+        let r = d.receiver(8).unwrap();
+        let (started, gate) = (Gate::new(), Gate::new());
+        let first = r
+            .submit_blocking(key(0, 0), Pair::Wait(started.clone(), gate.clone()))
+            .unwrap();
+        if round % 2 == 1 {
+            started.wait();
+        }
+        let second = r
+            .submit_blocking(key(0, 1), Pair::Open(gate.clone()))
+            .unwrap();
+        // Not a timing assertion: without the capability it waits for ever.
+        if second.wait_timeout(Duration::from_secs(30)).is_err() {
+            // Let the blocked worker go, so that the executor can stop.
+            gate.open();
+            panic!("round {round}: the second key still waits behind the blocked step");
+        }
+        first.wait().unwrap();
+        assert!(ex.shutdown(Duration::from_secs(30)));
+    }
+}
+
 /// Randomized: several producers, keys spread over a few buckets (so ports
 /// are shared), 1 in 15 messages a slow step (it sleeps, blocking its
 /// worker), some async ones that yield; the executor drains, or is stopped

@@ -660,31 +660,65 @@ where
     #[inline]
     fn schedule_port(this: &Arc<Self>, p: usize) {
         let port = &this.ports[p];
-        let st = port.state.load(SeqCst);
-        if st == PORT_IDLE
-            && port
+        let mut st = port.state.load(SeqCst);
+        if st == PORT_IDLE {
+            match port
                 .state
-                .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
-                .is_ok()
-        {
-            // A handler submitting to a key of its own worker queues the
-            // port locally (no wake-up: it is running); anyone else pushes
-            // it on the worker's queue and wakes it if it sleeps.
-            let mut task = Some(Task::tagged(this.clone(), p));
-            let _ = crate::pool::worker::with_worker_cx(this.shared.id(), p, |cx| {
-                cx.push_local(task.take().expect("taken once"));
-            });
-            // Where it went (an idle worker, if `p` is stuck): the
-            // submitters' look at it (`nudge`) follows the task.
-            let on = match task {
-                Some(task) => this.shared.schedule(p, task),
-                None => p,
-            };
-            if port.running_on.load(Relaxed) != on {
-                port.running_on.store(on, Relaxed);
+                .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, SeqCst)
+            {
+                Ok(_) => return Self::queue_port(this, p),
+                // Another submitter queued it: ours waits for that turn.
+                Err(now) => st = now,
             }
-        } else if st != PORT_IDLE && this.shared.any_idle() && crate::pool::worker::look_now() {
+        }
+        // The port is queued or running: the delivery waits for its turn,
+        // maybe behind a long step. While a worker idles, someone must look
+        // at that step later (see "Who watches" in `executor.rs`). SeqCst:
+        // a deep sleeper counted itself idle before it looked at the ports.
+        if this.shared.any_idle_sc() {
+            Self::behind_turn(this, p, st);
+        }
+    }
+
+    /// A delivery waits for port `p`'s turn (queued or running: `st`)
+    /// while some worker idles: an idle worker asleep without a timeout is
+    /// called, and one time in eight this submitter looks at the turn's
+    /// worker itself (`nudge`).
+    #[cold]
+    fn behind_turn(this: &Arc<Self>, p: usize, st: usize) {
+        if this.shared.any_deep() {
+            this.shared
+                .ensure_watcher(this.ports[p].running_on.load(Relaxed));
+        }
+        if crate::pool::worker::look_now() {
             Self::nudge(this, p, st);
+        }
+    }
+
+    /// Queues port `p`'s task, the port just made SCHEDULED: locally for a
+    /// handler submitting to a key of its own worker (no wake-up: it is
+    /// running), else on the worker's queue, waking it if it sleeps.
+    #[inline]
+    fn queue_port(this: &Arc<Self>, p: usize) {
+        let port = &this.ports[p];
+        let mut task = Some(Task::tagged(this.clone(), p));
+        let _ = crate::pool::worker::with_worker_cx(this.shared.id(), p, |cx| {
+            cx.push_local(task.take().expect("taken once"));
+        });
+        // Where it went (an idle worker, if `p` is stuck): the submitters'
+        // look at it (`nudge`) follows the task.
+        let on = match task {
+            Some(task) => this.shared.schedule(p, task),
+            None => {
+                // Behind the handler that sent it, which may run long.
+                if this.shared.any_deep() {
+                    this.shared.ensure_watcher(p);
+                }
+                p
+            }
+        };
+        if port.running_on.load(Relaxed) != on {
+            port.running_on.store(on, Relaxed);
         }
     }
 
@@ -1576,6 +1610,10 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     /// A takeover of a port whose worker `stuck` runs its turn with
     /// deliveries waiting (see "Taking over a turn").
     fn takeover(&self, stuck: usize) -> Option<Task>;
+    /// Whether one of its ports is queued or running (SeqCst loads; see
+    /// "Who watches" in `executor.rs`).
+    #[cfg(not(loom))]
+    fn any_port_busy(&self) -> bool;
     fn id(&self) -> u64;
     /// Its name and metrics handles.
     fn ident(&self) -> &Identity;
@@ -1622,6 +1660,14 @@ where
                 && !port.rescue.swap(true, AcqRel)
         })?;
         Some(Task::tagged(self.0.clone(), p | TAKEOVER))
+    }
+
+    #[cfg(not(loom))]
+    fn any_port_busy(&self) -> bool {
+        self.0
+            .ports
+            .iter()
+            .any(|port| port.state.load(SeqCst) != PORT_IDLE)
     }
 
     fn id(&self) -> u64 {

@@ -78,6 +78,25 @@
 //!   measured: on the slow-key workload the slow key's port then followed
 //!   the free worker and took the slow key along, so the two workers kept
 //!   swapping which one the slow key blocked; see BENCHMARKS.md.)
+//! - *Who watches.* A submitter that queues work behind a running step
+//!   samples its look (one time in eight), and nobody may be left to look
+//!   later: the idle workers take care of that. An idle worker parks with a
+//!   timeout (`park_watching`: 100 µs while some worker runs with work
+//!   queued, 1.6 ms while others only run) whenever another
+//!   worker or a port is active, and without one (*deep*) only when,
+//!   counted in `Idle::deep` and after a fence, it sees every other worker
+//!   parked with nothing queued and every port idle. Whoever queues work
+//!   behind a step — a delivery to a port already queued or running
+//!   (including the loser of the port's IDLE → SCHEDULED race), a task a
+//!   handler queues on its own worker — reads `deep` after its push
+//!   (SeqCst) and, if it is not zero, calls a deep sleeper
+//!   (`ensure_watcher`). Either the sleeper's look saw the worker or the
+//!   port active, or the queuer's read comes later in the SeqCst order than
+//!   the sleeper's count, so some idle worker always looks again. (Before,
+//!   a worker parked deep when no other had a backlog at that instant; a
+//!   port turn that began just after, with a second message behind a
+//!   blocking first, then waited for good unless that submit happened to
+//!   be one of the sampled ones.)
 //! - A call already pending is not repeated, nor one for the same stuck
 //!   step within 50 µs (`Worker::may_call`); a helper looks again by
 //!   itself after each task it takes. A port remembers the worker its task
@@ -125,9 +144,41 @@ pub(crate) struct IdleGuard<'a>(&'a Shared, usize);
 
 impl Drop for IdleGuard<'_> {
     fn drop(&mut self) {
-        self.0.idle.fetch_sub(1, SeqCst);
+        self.0.idle.count.fetch_sub(1, SeqCst);
         self.0.workers[self.1].set_idle(false);
     }
+}
+
+/// A worker counted among those asleep without a timeout (see
+/// [`Shared::sleep_deep`]).
+#[cfg(not(loom))]
+pub(crate) struct DeepGuard<'a>(&'a Shared, usize);
+
+#[cfg(not(loom))]
+impl Drop for DeepGuard<'_> {
+    fn drop(&mut self) {
+        // Unless a caller uncounted it already (`ensure_watcher`).
+        if self.0.workers[self.1].clear_deep() {
+            self.0.idle.deep.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+/// The idle workers, on one line that submitters read (and only idle
+/// transitions write).
+struct Idle {
+    /// Workers spinning or parked (see "Work conservation"): while it is
+    /// zero nobody could take work from a stuck worker, and submitters do
+    /// not look.
+    count: AtomicUsize,
+    /// Idle workers that sleep, or are about to, without a timeout and
+    /// were not called since (each also marked in its `Worker`; the count
+    /// is raised before the mark is set and lowered after it is cleared):
+    /// they look at nobody until called. Whoever queues work behind a
+    /// running step while this is not zero sees that some idle worker
+    /// watches (`Shared::ensure_watcher`); see "Who watches".
+    #[cfg(not(loom))]
+    deep: AtomicUsize,
 }
 
 /// State shared by the executor's handles, its workers and its dispatchers.
@@ -135,10 +186,8 @@ pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) workers: Box<[Worker]>,
     state: CachePadded<AtomicUsize>,
-    /// Workers spinning or parked (see "Work conservation"): while it is
-    /// zero nobody could take work from a stuck worker, and submitters do
-    /// not look.
-    idle: CachePadded<AtomicUsize>,
+    /// Idle workers, and those of them asleep without a timeout.
+    idle: CachePadded<Idle>,
     next_worker: CachePadded<AtomicUsize>,
     registry: Mutex<Registry>,
     lifecycle: Mutex<Lifecycle>,
@@ -280,6 +329,11 @@ impl Shared {
     #[cold]
     fn call_if_stuck(&self, worker: usize, seen: Option<Look>) {
         if worker::current_index(self.id()) == Some(worker) {
+            // Queued behind the caller's own step (a handler woke a future
+            // of its own worker): the step may go on for long.
+            if self.any_deep() {
+                self.ensure_watcher(worker);
+            }
             return;
         }
         let look = seen.unwrap_or_else(|| self.workers[worker].look(|| self.now_us()));
@@ -293,13 +347,53 @@ impl Shared {
     /// Whether some worker spins or parks.
     #[inline]
     pub(crate) fn any_idle(&self) -> bool {
-        self.idle.load(Relaxed) != 0
+        self.idle.count.load(Relaxed) != 0
+    }
+
+    /// [`any_idle`](Self::any_idle), as one side of the hand-shake in "Who
+    /// watches" (a plain load on x86 too).
+    #[inline]
+    pub(crate) fn any_idle_sc(&self) -> bool {
+        self.idle.count.load(SeqCst) != 0
+    }
+
+    /// Whether some idle worker sleeps (or is about to) without a timeout.
+    /// SeqCst: one side of the hand-shake in "Who watches".
+    #[inline]
+    pub(crate) fn any_deep(&self) -> bool {
+        #[cfg(not(loom))]
+        return self.idle.deep.load(SeqCst) != 0;
+        #[cfg(loom)]
+        false
+    }
+
+    /// Counts the caller (an idle worker about to park) among the deep
+    /// sleepers until the guard drops, and fences: its look at the other
+    /// workers and the ports that follows sees whatever was queued before a
+    /// submitter's look at the count missed it (see "Who watches").
+    #[cfg(not(loom))]
+    pub(crate) fn sleep_deep(&self, index: usize) -> DeepGuard<'_> {
+        self.idle.deep.fetch_add(1, SeqCst);
+        self.workers[index].set_deep();
+        fence(SeqCst);
+        DeepGuard(self, index)
+    }
+
+    /// Whether some dispatcher's port is queued or running (not idle): its
+    /// turn may get stuck with deliveries behind it.
+    #[cfg(not(loom))]
+    pub(crate) fn any_port_busy(&self) -> bool {
+        self.registry
+            .lock()
+            .targets
+            .iter()
+            .any(|t| t.any_port_busy())
     }
 
     /// Counts worker `index` (the caller) idle until the guard drops.
     pub(crate) fn idle(&self, index: usize) -> IdleGuard<'_> {
         self.workers[index].set_idle(true);
-        self.idle.fetch_add(1, SeqCst);
+        self.idle.count.fetch_add(1, SeqCst);
         // Against a submitter's push, fence, look at `idle`: it sees this
         // worker idle, or this worker's look (which follows) sees its push.
         fence(SeqCst);
@@ -362,13 +456,15 @@ impl Shared {
         0
     }
 
-    /// Work was queued behind `busy`'s step, seen but not yet for long
-    /// enough to call it stuck: a later look must come even if no
-    /// submitter does. An idle worker parked with a timeout (`watching`)
-    /// looks by itself; one parked without is called, once, and parks
-    /// watching from then on while `busy` has a backlog. (Without this, a
-    /// future woken behind a blocked step waited for good: the one look
-    /// at it came before the step was old enough.)
+    /// Work was queued behind `busy`'s step (seen, but not yet for long
+    /// enough to call it stuck, or not looked at): a later look must come
+    /// even if no submitter does. An idle worker parked with a timeout,
+    /// spinning or on its way to park looks by itself; if
+    /// every idle one sleeps without a timeout, one is called, and parks
+    /// watching from then on while some worker is active (see "Who
+    /// watches"). (Without this, a future woken behind a blocked step
+    /// waited for good: the one look at it came before the step was old
+    /// enough.)
     #[cold]
     pub(crate) fn ensure_watcher(&self, busy: usize) {
         #[cfg(not(loom))]
@@ -379,15 +475,22 @@ impl Shared {
                 if i == busy || !w.is_idle() {
                     continue;
                 }
-                if w.parked_unwatching() {
+                if w.is_deep() {
                     sleeper = sleeper.or(Some(i));
                 } else {
-                    // Spinning, settling or watching: it looks again.
+                    // Spinning, settling, watching or about to look at
+                    // the others before it parks: it looks again.
                     watched = true;
                 }
             }
             if let (false, Some(i)) = (watched, sleeper) {
-                self.workers[i].call();
+                // Uncounted here, by the one caller that clears its mark:
+                // the submitters after this one see no deep sleeper and
+                // call nobody (the called worker watches from now on).
+                if self.workers[i].clear_deep() {
+                    self.idle.deep.fetch_sub(1, SeqCst);
+                    self.workers[i].call();
+                }
             }
         }
         #[cfg(loom)]
@@ -404,7 +507,7 @@ impl Shared {
         // by every submit (a futex wake-up each: it starved the producer
         // of the slow-key workload). A call swallowed that way is made by
         // the next submitter after the interval, and a parked helper
-        // watching a busy worker looks every `WATCH_PARK` anyway.
+        // watching an active worker looks again within `WATCH_PARK_MAX`.
         if let Some(i) = self.idle_worker(stuck) {
             #[cfg(not(loom))]
             {
@@ -719,7 +822,11 @@ impl KeyedExecutor {
             workers: (0..n).map(|_| Worker::new()).collect(),
             config,
             state: CachePadded::new(AtomicUsize::new(0)),
-            idle: CachePadded::new(AtomicUsize::new(0)),
+            idle: CachePadded::new(Idle {
+                count: AtomicUsize::new(0),
+                #[cfg(not(loom))]
+                deep: AtomicUsize::new(0),
+            }),
             next_worker: CachePadded::new(AtomicUsize::new(0)),
             registry: Mutex::new(Registry {
                 targets: Vec::new(),

@@ -122,10 +122,13 @@ struct Watched {
     /// since the executor's epoch, high 32 bits).
     #[cfg(not(loom))]
     seen: AtomicU64,
-    /// The worker parks with a timeout, to look again (`park_watching`):
-    /// nobody needs to wake it for a step that may get stuck.
+    /// The worker sleeps, or is about to, without a timeout and has not
+    /// been called since (see "Who watches" in `executor.rs`). Set by the
+    /// worker, counted in `Shared`'s deep sleepers; cleared (and uncounted)
+    /// by whoever swaps it back: the worker when it wakes, or the caller
+    /// that calls it (so that one call is enough for every submitter).
     #[cfg(not(loom))]
-    watching: AtomicBool,
+    deep: AtomicBool,
     /// Another thread asked this (idle) worker to look for a stuck one.
     call: AtomicBool,
     /// When a helper was last called for this worker (µs since the
@@ -148,7 +151,7 @@ impl Worker {
                 #[cfg(not(loom))]
                 seen: AtomicU64::new(0),
                 #[cfg(not(loom))]
-                watching: AtomicBool::new(false),
+                deep: AtomicBool::new(false),
                 call: AtomicBool::new(false),
                 #[cfg(not(loom))]
                 called: AtomicU64::new(u64::MAX),
@@ -205,11 +208,24 @@ impl Worker {
         }
     }
 
-    /// Whether it sleeps without a timeout: nobody looks at a stuck step
-    /// for it unless called.
+    /// Whether it sleeps (or is about to) without a timeout, not called
+    /// yet: it looks at nobody until called.
     #[cfg(not(loom))]
-    pub(crate) fn parked_unwatching(&self) -> bool {
-        self.state.load(SeqCst) == PARKED && !self.watched.watching.load(SeqCst)
+    pub(crate) fn is_deep(&self) -> bool {
+        self.watched.deep.load(SeqCst)
+    }
+
+    /// Marks it a deep sleeper (its own thread, counted first).
+    #[cfg(not(loom))]
+    pub(crate) fn set_deep(&self) {
+        self.watched.deep.store(true, SeqCst);
+    }
+
+    /// Clears the mark; true for the one caller that cleared it (which
+    /// then uncounts it).
+    #[cfg(not(loom))]
+    pub(crate) fn clear_deep(&self) -> bool {
+        self.watched.deep.load(SeqCst) && self.watched.deep.swap(false, SeqCst)
     }
 
     /// Whether a helper may be called for this (stuck) worker at `now` (µs):
@@ -255,6 +271,17 @@ impl Worker {
     #[cfg(not(loom))]
     fn busy_with_backlog(&self) -> bool {
         self.state.load(Relaxed) == RUNNING && self.queued() > 0
+    }
+
+    /// Whether it runs, spins or has work queued: a step it runs or starts
+    /// may get stuck (what a worker about to park deep checks; see "Who
+    /// watches" in `executor.rs`). A parked worker with nothing queued is
+    /// woken by whoever queues it work, after that push.
+    #[cfg(not(loom))]
+    fn active(&self) -> bool {
+        !matches!(self.state.load(SeqCst), PARKED | EXITED)
+            || !self.queue.is_empty()
+            || self.local_len.load(Relaxed) != 0
     }
 
     /// Takes one task that waits on this worker: the oldest of its own run
@@ -469,15 +496,48 @@ impl WorkerCx<'_> {
     }
 
     /// Whether another worker runs a step with work waiting behind it: then
-    /// this one parks for at most [`WATCH_PARK`], to look again.
+    /// this one watches closely ([`WATCH_PARK`]).
     #[cfg(not(loom))]
     fn watch_others(&self) -> bool {
         let workers = &self.shared.workers;
-        workers.len() > 1
-            && workers
-                .iter()
-                .enumerate()
-                .any(|(i, w)| i != self.index && w.busy_with_backlog())
+        workers
+            .iter()
+            .enumerate()
+            .any(|(i, w)| i != self.index && w.busy_with_backlog())
+    }
+
+    /// Parks, out of work, with work conservation on and other workers
+    /// there (see "Who watches" in `executor.rs`). Counted among the deep
+    /// sleepers first, it looks at the other workers and the ports: if any
+    /// is active, it stops counting as deep and parks watching — for
+    /// [`WATCH_PARK`] if a worker has work queued behind its step, else for
+    /// [`WATCH_PARK_MAX`]; otherwise it sleeps until woken or called,
+    /// counted deep.
+    #[cfg(not(loom))]
+    fn park_conserving(&self) {
+        let me = self.me();
+        let deep = self.shared.sleep_deep(self.index);
+        let active = self
+            .shared
+            .workers
+            .iter()
+            .enumerate()
+            .any(|(i, w)| i != self.index && w.active())
+            || self.shared.any_port_busy();
+        if active {
+            // No longer deep: a caller that still sees the count finds this
+            // worker unmarked (a watcher), and calls nobody.
+            drop(deep);
+            let timeout = if self.watch_others() {
+                WATCH_PARK
+            } else {
+                WATCH_PARK_MAX
+            };
+            park_watching(me, timeout);
+        } else {
+            park(me);
+            drop(deep);
+        }
     }
 
     /// The number of the task this worker is running (wrapping).
@@ -792,8 +852,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         }
         me.counters.parks.fetch_add(1, Relaxed);
         #[cfg(not(loom))]
-        if conserve && cx.watch_others() {
-            park_watching(me);
+        if conserve && shared.workers.len() > 1 {
+            cx.park_conserving();
         } else {
             park(me);
         }
@@ -838,15 +898,23 @@ fn park(me: &Worker) {
 #[cfg(not(loom))]
 const WATCH_PARK: Duration = Duration::from_micros(100);
 
-/// Sleeps until woken or [`WATCH_PARK`] passed; then leaves `PARKED`
-/// itself (unless a waker did: its unpark then costs one spurious wake).
+/// How long a worker sleeps while another is active but has nothing
+/// queued behind its step: a pool with one busy worker does not wake the
+/// others 10,000 times a second for nothing, and a step that gets work
+/// queued behind it meanwhile is found by the sampled looks of the
+/// submitters that queue it, or at the next watch. (Doubling the watch
+/// from [`WATCH_PARK`] up to this instead was measured no better on W7;
+/// see BENCHMARKS.md.)
 #[cfg(not(loom))]
-fn park_watching(me: &Worker) {
-    me.watched.watching.store(true, SeqCst);
+const WATCH_PARK_MAX: Duration = Duration::from_micros(1_600);
+
+/// Sleeps until woken or `timeout` passed; then leaves `PARKED` itself
+/// (unless a waker did: its unpark then costs one spurious wake).
+#[cfg(not(loom))]
+fn park_watching(me: &Worker, timeout: Duration) {
     if me.state.load(SeqCst) == PARKED {
-        thread::park_timeout(WATCH_PARK);
+        thread::park_timeout(timeout);
     }
-    me.watched.watching.store(false, SeqCst);
     let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
 }
 
