@@ -67,6 +67,8 @@ pub struct Builder {
     on_slow_step: Option<SlowStepHook>,
     #[cfg(feature = "metrics")]
     metrics_sampling: u32,
+    #[cfg(loom)]
+    loom_watchers: bool,
 }
 
 impl fmt::Debug for Builder {
@@ -98,6 +100,8 @@ impl Default for Builder {
             on_slow_step: None,
             #[cfg(feature = "metrics")]
             metrics_sampling: crate::metrics::DEFAULT_METRICS_SAMPLING,
+            #[cfg(loom)]
+            loom_watchers: false,
         }
     }
 }
@@ -177,6 +181,18 @@ impl Builder {
     /// ```
     pub fn work_conservation(mut self, on: bool) -> Self {
         self.work_conservation = on;
+        self
+    }
+
+    /// Loom models only: idle workers watch for stuck steps by themselves
+    /// as they do outside loom (a watching park is a yield), and
+    /// submitters never look at a busy port's worker — so a model sees
+    /// the idle workers' watch alone carry the work behind a blocked step
+    /// (see "Who watches" in `executor.rs`).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn loom_watchers(mut self) -> Self {
+        self.loom_watchers = true;
         self
     }
 
@@ -328,6 +344,8 @@ impl Builder {
             on_slow_step: self.on_slow_step,
             #[cfg(feature = "metrics")]
             metrics_sampling: self.metrics_sampling,
+            #[cfg(loom)]
+            loom_watchers: self.loom_watchers,
         })
     }
 }
@@ -346,6 +364,24 @@ pub(crate) struct Config {
     pub(crate) on_slow_step: Option<SlowStepHook>,
     #[cfg(feature = "metrics")]
     pub(crate) metrics_sampling: u32,
+    #[cfg(loom)]
+    loom_watchers: bool,
+}
+
+impl Config {
+    /// Whether idle workers watch for stuck steps by themselves (park with
+    /// a timeout, or deep: "Who watches" in `executor.rs`). Always outside
+    /// loom. Under loom only when a model asks
+    /// ([`Builder::loom_watchers`]), since a watching park is a loop there:
+    /// the other models keep workers that park until woken, and
+    /// submitters that always look.
+    #[inline]
+    pub(crate) fn watchers(&self) -> bool {
+        #[cfg(not(loom))]
+        return true;
+        #[cfg(loom)]
+        self.loom_watchers
+    }
 }
 
 #[cfg(test)]

@@ -690,7 +690,7 @@ where
             this.shared
                 .ensure_watcher(this.ports[p].running_on.load(Relaxed));
         }
-        if crate::pool::worker::look_now() {
+        if crate::pool::worker::look_now(&this.shared) {
             Self::nudge(this, p, st);
         }
     }
@@ -1612,7 +1612,6 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     fn takeover(&self, stuck: usize) -> Option<Task>;
     /// Whether one of its ports is queued or running (SeqCst loads; see
     /// "Who watches" in `executor.rs`).
-    #[cfg(not(loom))]
     fn any_port_busy(&self) -> bool;
     fn id(&self) -> u64;
     /// Its name and metrics handles.
@@ -1662,7 +1661,6 @@ where
         Some(Task::tagged(self.0.clone(), p | TAKEOVER))
     }
 
-    #[cfg(not(loom))]
     fn any_port_busy(&self) -> bool {
         self.0
             .ports

@@ -96,7 +96,9 @@
 //!   a worker parked deep when no other had a backlog at that instant; a
 //!   port turn that began just after, with a second message behind a
 //!   blocking first, then waited for good unless that submit happened to
-//!   be one of the sampled ones.)
+//!   be one of the sampled ones.) The loom model is
+//!   `executor_steal::watch_vs_park`; the ports half, for two submitters
+//!   racing on an idle port, is out of its reach (see there).
 //! - A call already pending is not repeated, nor one for the same stuck
 //!   step within 50 µs (`Worker::may_call`); a helper looks again by
 //!   itself after each task it takes. A port remembers the worker its task
@@ -151,10 +153,8 @@ impl Drop for IdleGuard<'_> {
 
 /// A worker counted among those asleep without a timeout (see
 /// [`Shared::sleep_deep`]).
-#[cfg(not(loom))]
 pub(crate) struct DeepGuard<'a>(&'a Shared, usize);
 
-#[cfg(not(loom))]
 impl Drop for DeepGuard<'_> {
     fn drop(&mut self) {
         // Unless a caller uncounted it already (`ensure_watcher`).
@@ -177,7 +177,6 @@ struct Idle {
     /// they look at nobody until called. Whoever queues work behind a
     /// running step while this is not zero sees that some idle worker
     /// watches (`Shared::ensure_watcher`); see "Who watches".
-    #[cfg(not(loom))]
     deep: AtomicUsize,
 }
 
@@ -361,17 +360,13 @@ impl Shared {
     /// SeqCst: one side of the hand-shake in "Who watches".
     #[inline]
     pub(crate) fn any_deep(&self) -> bool {
-        #[cfg(not(loom))]
-        return self.idle.deep.load(SeqCst) != 0;
-        #[cfg(loom)]
-        false
+        self.config.watchers() && self.idle.deep.load(SeqCst) != 0
     }
 
     /// Counts the caller (an idle worker about to park) among the deep
     /// sleepers until the guard drops, and fences: its look at the other
     /// workers and the ports that follows sees whatever was queued before a
     /// submitter's look at the count missed it (see "Who watches").
-    #[cfg(not(loom))]
     pub(crate) fn sleep_deep(&self, index: usize) -> DeepGuard<'_> {
         self.idle.deep.fetch_add(1, SeqCst);
         self.workers[index].set_deep();
@@ -381,7 +376,6 @@ impl Shared {
 
     /// Whether some dispatcher's port is queued or running (not idle): its
     /// turn may get stuck with deliveries behind it.
-    #[cfg(not(loom))]
     pub(crate) fn any_port_busy(&self) -> bool {
         self.registry
             .lock()
@@ -467,8 +461,7 @@ impl Shared {
     /// enough.)
     #[cold]
     pub(crate) fn ensure_watcher(&self, busy: usize) {
-        #[cfg(not(loom))]
-        {
+        if self.config.watchers() {
             let mut watched = false;
             let mut sleeper = None;
             for (i, w) in self.workers.iter().enumerate() {
@@ -493,8 +486,6 @@ impl Shared {
                 }
             }
         }
-        #[cfg(loom)]
-        let _ = busy;
     }
 
     /// `stuck` is stuck with work queued behind its step: call an idle
@@ -824,7 +815,6 @@ impl KeyedExecutor {
             state: CachePadded::new(AtomicUsize::new(0)),
             idle: CachePadded::new(Idle {
                 count: AtomicUsize::new(0),
-                #[cfg(not(loom))]
                 deep: AtomicUsize::new(0),
             }),
             next_worker: CachePadded::new(AtomicUsize::new(0)),

@@ -127,7 +127,6 @@ struct Watched {
     /// worker, counted in `Shared`'s deep sleepers; cleared (and uncounted)
     /// by whoever swaps it back: the worker when it wakes, or the caller
     /// that calls it (so that one call is enough for every submitter).
-    #[cfg(not(loom))]
     deep: AtomicBool,
     /// Another thread asked this (idle) worker to look for a stuck one.
     call: AtomicBool,
@@ -150,7 +149,6 @@ impl Worker {
             watched: CachePadded::new(Watched {
                 #[cfg(not(loom))]
                 seen: AtomicU64::new(0),
-                #[cfg(not(loom))]
                 deep: AtomicBool::new(false),
                 call: AtomicBool::new(false),
                 #[cfg(not(loom))]
@@ -210,20 +208,17 @@ impl Worker {
 
     /// Whether it sleeps (or is about to) without a timeout, not called
     /// yet: it looks at nobody until called.
-    #[cfg(not(loom))]
     pub(crate) fn is_deep(&self) -> bool {
         self.watched.deep.load(SeqCst)
     }
 
     /// Marks it a deep sleeper (its own thread, counted first).
-    #[cfg(not(loom))]
     pub(crate) fn set_deep(&self) {
         self.watched.deep.store(true, SeqCst);
     }
 
     /// Clears the mark; true for the one caller that cleared it (which
     /// then uncounts it).
-    #[cfg(not(loom))]
     pub(crate) fn clear_deep(&self) -> bool {
         self.watched.deep.load(SeqCst) && self.watched.deep.swap(false, SeqCst)
     }
@@ -268,7 +263,6 @@ impl Worker {
 
     /// Whether it runs a step with work waiting behind it (its queue, or
     /// the rest of a port's inbox during a port's turn).
-    #[cfg(not(loom))]
     fn busy_with_backlog(&self) -> bool {
         self.state.load(Relaxed) == RUNNING && self.queued() > 0
     }
@@ -277,7 +271,6 @@ impl Worker {
     /// may get stuck (what a worker about to park deep checks; see "Who
     /// watches" in `executor.rs`). A parked worker with nothing queued is
     /// woken by whoever queues it work, after that push.
-    #[cfg(not(loom))]
     fn active(&self) -> bool {
         !matches!(self.state.load(SeqCst), PARKED | EXITED)
             || !self.queue.is_empty()
@@ -497,7 +490,6 @@ impl WorkerCx<'_> {
 
     /// Whether another worker runs a step with work waiting behind it: then
     /// this one watches closely ([`WATCH_PARK`]).
-    #[cfg(not(loom))]
     fn watch_others(&self) -> bool {
         let workers = &self.shared.workers;
         workers
@@ -513,7 +505,6 @@ impl WorkerCx<'_> {
     /// [`WATCH_PARK`] if a worker has work queued behind its step, else for
     /// [`WATCH_PARK_MAX`]; otherwise it sleeps until woken or called,
     /// counted deep.
-    #[cfg(not(loom))]
     fn park_conserving(&self) {
         let me = self.me();
         let deep = self.shared.sleep_deep(self.index);
@@ -737,11 +728,13 @@ pub(crate) fn give_back_running_unit(share: UnitRef) {
 #[cfg(not(loom))]
 const LOOK_EVERY: u32 = 8;
 
-/// Whether this submit looks (see [`LOOK_EVERY`]; under loom, always).
+/// Whether this submit looks (see [`LOOK_EVERY`]; under loom, always,
+/// unless the model tests the idle workers' watch: then never).
 #[inline]
-pub(crate) fn look_now() -> bool {
+pub(crate) fn look_now(shared: &Shared) -> bool {
     #[cfg(not(loom))]
     {
+        let _ = shared;
         std::thread_local! {
             static LOOKS: Cell<u32> = const { Cell::new(0) };
         }
@@ -752,7 +745,7 @@ pub(crate) fn look_now() -> bool {
         })
     }
     #[cfg(loom)]
-    true
+    !shared.config.watchers()
 }
 
 /// Whether the current thread is a worker of the executor at `shared_id`.
@@ -851,14 +844,11 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             continue;
         }
         me.counters.parks.fetch_add(1, Relaxed);
-        #[cfg(not(loom))]
-        if conserve && shared.workers.len() > 1 {
+        if conserve && shared.workers.len() > 1 && shared.config.watchers() {
             cx.park_conserving();
         } else {
             park(me);
         }
-        #[cfg(loom)]
-        park(me);
         shared.metrics.unparked();
         last_wait = idle_since.elapsed();
     }
@@ -895,7 +885,6 @@ fn park(me: &Worker) {
 /// (see [`WorkerCx::watch_others`]): a step that began after every other
 /// thread last looked at it is found stuck within about this long, even if
 /// no submitter comes by.
-#[cfg(not(loom))]
 const WATCH_PARK: Duration = Duration::from_micros(100);
 
 /// How long a worker sleeps while another is active but has nothing
@@ -905,15 +894,20 @@ const WATCH_PARK: Duration = Duration::from_micros(100);
 /// submitters that queue it, or at the next watch. (Doubling the watch
 /// from [`WATCH_PARK`] up to this instead was measured no better on W7;
 /// see BENCHMARKS.md.)
-#[cfg(not(loom))]
 const WATCH_PARK_MAX: Duration = Duration::from_micros(1_600);
 
 /// Sleeps until woken or `timeout` passed; then leaves `PARKED` itself
-/// (unless a waker did: its unpark then costs one spurious wake).
-#[cfg(not(loom))]
+/// (unless a waker did: its unpark then costs one spurious wake). Under
+/// loom, which has no clock, it yields instead: the timeout has passed.
 fn park_watching(me: &Worker, timeout: Duration) {
+    #[cfg(not(loom))]
     if me.state.load(SeqCst) == PARKED {
         thread::park_timeout(timeout);
+    }
+    #[cfg(loom)]
+    {
+        let _ = timeout;
+        thread::yield_now();
     }
     let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
 }

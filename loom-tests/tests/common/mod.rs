@@ -77,6 +77,17 @@ pub fn model<F>(name: &str, f: F)
 where
     F: Fn() + Sync + Send + 'static,
 {
+    model_bounded(name, None, f)
+}
+
+/// [`model`], with at most `preemptions` preemptions per execution when
+/// given (else `LOOM_MAX_PREEMPTIONS` decides): for a model whose workers
+/// loop (an idle worker that watches yields and looks again), where two
+/// preemptions put the executions out of reach.
+pub fn model_bounded<F>(name: &str, preemptions: Option<usize>, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
     let runs = std::sync::Arc::new(StdCounter::new(0));
     let counted = runs.clone();
     let start = Instant::now();
@@ -85,15 +96,20 @@ where
     // than loom's default 1,000 branches in the longer models.
     let mut builder = loom::model::Builder::new();
     builder.max_branches = 10_000;
+    if let Some(n) = preemptions {
+        builder.preemption_bound = Some(n);
+    }
+    let bound = builder
+        .preemption_bound
+        .map_or_else(|| "unbounded".to_owned(), |n| n.to_string());
     builder.check(move || {
         counted.fetch_add(1, Relaxed);
         f();
     });
     eprintln!(
-        "model {name}: {} executions in {:.1?} (LOOM_MAX_PREEMPTIONS={})",
+        "model {name}: {} executions in {:.1?} (at most {bound} preemptions)",
         runs.load(Relaxed),
         start.elapsed(),
-        std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "unbounded".into()),
     );
 }
 
