@@ -686,10 +686,8 @@ where
     /// worker itself (`nudge`).
     #[cold]
     fn behind_turn(this: &Arc<Self>, p: usize, st: usize) {
-        if this.shared.any_deep() {
-            this.shared
-                .ensure_watcher(this.ports[p].running_on.load(Relaxed));
-        }
+        this.shared
+            .ensure_watcher(this.ports[p].running_on.load(Relaxed));
         if crate::pool::worker::look_now(&this.shared) {
             Self::nudge(this, p, st);
         }
@@ -711,9 +709,7 @@ where
             Some(task) => this.shared.schedule(p, task),
             None => {
                 // Behind the handler that sent it, which may run long.
-                if this.shared.any_deep() {
-                    this.shared.ensure_watcher(p);
-                }
+                this.shared.ensure_watcher(p);
                 p
             }
         };

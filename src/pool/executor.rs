@@ -330,9 +330,7 @@ impl Shared {
         if worker::current_index(self.id()) == Some(worker) {
             // Queued behind the caller's own step (a handler woke a future
             // of its own worker): the step may go on for long.
-            if self.any_deep() {
-                self.ensure_watcher(worker);
-            }
+            self.ensure_watcher(worker);
             return;
         }
         let look = seen.unwrap_or_else(|| self.workers[worker].look(|| self.now_us()));
@@ -459,31 +457,41 @@ impl Shared {
     /// watches"). (Without this, a future woken behind a blocked step
     /// waited for good: the one look at it came before the step was old
     /// enough.)
-    #[cold]
+    #[inline]
     pub(crate) fn ensure_watcher(&self, busy: usize) {
-        if self.config.watchers() {
-            let mut watched = false;
-            let mut sleeper = None;
-            for (i, w) in self.workers.iter().enumerate() {
-                if i == busy || !w.is_idle() {
-                    continue;
-                }
-                if w.is_deep() {
-                    sleeper = sleeper.or(Some(i));
-                } else {
-                    // Spinning, settling, watching or about to look at
-                    // the others before it parks: it looks again.
-                    watched = true;
-                }
+        // No deep sleeper (the count is at least the marks): every idle
+        // worker looks again by itself.
+        if self.any_deep() {
+            self.call_deep_sleeper(busy);
+        }
+    }
+
+    /// [`ensure_watcher`](Self::ensure_watcher) with a deep sleeper
+    /// counted: calls one, unless another idle worker (not `busy`) looks
+    /// again by itself.
+    #[cold]
+    fn call_deep_sleeper(&self, busy: usize) {
+        let mut watched = false;
+        let mut sleeper = None;
+        for (i, w) in self.workers.iter().enumerate() {
+            if i == busy || !w.is_idle() {
+                continue;
             }
-            if let (false, Some(i)) = (watched, sleeper) {
-                // Uncounted here, by the one caller that clears its mark:
-                // the submitters after this one see no deep sleeper and
-                // call nobody (the called worker watches from now on).
-                if self.workers[i].clear_deep() {
-                    self.idle.deep.fetch_sub(1, SeqCst);
-                    self.workers[i].call();
-                }
+            if w.is_deep() {
+                sleeper = sleeper.or(Some(i));
+            } else {
+                // Spinning, settling, watching or about to look at
+                // the others before it parks: it looks again.
+                watched = true;
+            }
+        }
+        if let (false, Some(i)) = (watched, sleeper) {
+            // Uncounted here, by the one caller that clears its mark:
+            // the submitters after this one see no deep sleeper and
+            // call nobody (the called worker watches from now on).
+            if self.workers[i].clear_deep() {
+                self.idle.deep.fetch_sub(1, SeqCst);
+                self.workers[i].call();
             }
         }
     }
