@@ -2,7 +2,12 @@
 //! and `tests/broker_redis.rs`: one producer and two consumers, a graceful
 //! hand-off and a crash midway, then a check of what Redis holds.
 //!
-//! 1. A producer thread appends `records` records over `keys` keys.
+//! 1. A producer thread appends `records` records over `keys` keys: all
+//!    but the last eighth at once, that eighth once step 4 has stalled
+//!    `b`'s acks. So `a` is busy when it hands partitions off, and `b`
+//!    still has records to apply after its stall (an unpaced producer and
+//!    two fast consumers could otherwise apply everything before it, and
+//!    the crash would find nothing applied-but-unacked).
 //! 2. Consumer `a` starts alone and owns every partition.
 //! 3. Once a quarter is applied, consumer `b` joins: the assignment moves
 //!    half the partitions, `a` hands them off (drain, ack, release) and
@@ -192,18 +197,31 @@ pub fn run(s: &Scenario) -> Result<Report, Box<dyn Error>> {
         Ok(rt.block_on(ledger::totals(conn))?.0)
     };
 
-    // 1. The producer, on its own thread and connection.
+    // 1. The producer, on its own thread and connection. It waits at
+    // `hold_at` until `release` is dropped (step 4, or any early return).
     let url = s.url.clone();
     let (partitions, keys, records) = (s.partitions, s.keys, s.records);
+    let hold_at = records - records / 8;
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let mut release = Some(release);
     let producer = std::thread::spawn(move || -> Result<(), String> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
+        let mut waited = false;
+        let hold = |done: u64| {
+            if done >= hold_at && !waited {
+                waited = true;
+                // Nothing is ever sent: the scenario dropping its end is
+                // the go-ahead.
+                let _ = held.recv();
+            }
+        };
         rt.block_on(async {
             let client = redis::Client::open(url.as_str())?;
             let mut conn = client.get_multiplexed_async_connection().await?;
-            ledger::produce(&mut conn, partitions, keys, records, 200, None, |_| {}).await
+            ledger::produce(&mut conn, partitions, keys, records, 200, None, hold).await
         })
         .map_err(|e| e.to_string())
     });
@@ -247,10 +265,13 @@ pub fn run(s: &Scenario) -> Result<Report, Box<dyn Error>> {
         // its answer after the stall, so its ack never goes out.
         b.stall_acks();
         let stalled_at = b.stats().applied;
+        // The held-back eighth: records for `b` to apply unacked.
+        drop(release.take());
         step("b applies records it will never ack", &mut || {
             Ok(b.stats().applied >= stalled_at + s.stall_before_crash)
         })?;
     }
+    drop(release.take());
     let duplicates_before_crash = rt.block_on(ledger::totals(&mut conn))?.1;
     let stats_b = b.stats();
     if verbose {
