@@ -26,7 +26,11 @@
 //! async one; `--grid` and `--w3-curve` set their own). Diagnostics for the
 //! crate's rows: `KEYED_BENCH_STATS=1` prints its workers' counters after
 //! each run (messages run per worker, parks, wake-ups, spin hits) on
-//! stderr; `KEYED_BENCH_NO_WC=1` turns its work conservation off.
+//! stderr; `KEYED_BENCH_NO_WC=1` turns its work conservation off. For the
+//! striped peer, `KEYED_BENCH_STRIPED_BOUND=N` gives each of its channels
+//! room for N ÷ workers messages (unbounded by default), so that its
+//! producer blocks as the crate's does at `max_in_flight` N (W1, W2, W7
+//! only: W4's handlers send into their own pool).
 
 mod common;
 

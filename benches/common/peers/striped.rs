@@ -9,7 +9,7 @@
 use super::stripe;
 use crate::common::design::{Cfg, Design, Family, Handler, SendTo};
 use crate::common::work::Msg;
-use crossbeam_channel::{unbounded, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -71,8 +71,19 @@ impl<H: Handler> Design<H> for Striped<H> {
         let handler = Arc::new(handler);
         let mut txs = Vec::new();
         let mut threads = Vec::new();
+        // `KEYED_BENCH_STRIPED_BOUND=N` (diagnostic): bounded channels of
+        // N ÷ workers each, so the producer blocks as the crate's does at
+        // `max_in_flight` N (a batch counts as one). For W1, W2 and W7 only:
+        // W4's handlers send to their own pool and could block on a full
+        // channel for good.
+        let bound = std::env::var("KEYED_BENCH_STRIPED_BOUND")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok());
         for i in 0..cfg.workers {
-            let (tx, rx) = unbounded::<Cmd>();
+            let (tx, rx): (Sender<Cmd>, Receiver<Cmd>) = match bound {
+                Some(n) => bounded((n / cfg.workers).max(1)),
+                None => unbounded(),
+            };
             let h = handler.clone();
             threads.push(
                 std::thread::Builder::new()
