@@ -117,6 +117,17 @@ impl Builder {
     ///
     /// Default: [`std::thread::available_parallelism`], which honours cgroup
     /// CPU quotas (1 if it cannot be read). Must be at least 1.
+    ///
+    /// Your own threads that submit share the cores too. When a producer
+    /// thread is busy most of the time (a loop polling a broker and
+    /// submitting, say), one worker per core leaves more busy threads than
+    /// cores, and the operating system's time slices then decide much of
+    /// the throughput: on 2 cores with one such producer, the uniform
+    /// workload of BENCHMARKS.md (W1) ran 8.2 M messages/s with one worker
+    /// against 6.4 with two (medians of 10 paired rounds). Measure with
+    /// your own producers. Keep at least two workers if a key's step may
+    /// run long: work conservation needs an idle worker to take the keys
+    /// queued behind it.
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = Some(workers);
         self
@@ -166,10 +177,16 @@ impl Builder {
     /// With it, a key's messages may run on another worker than the one
     /// its pin names once that worker was seen stuck; per-key order, one
     /// at a time, fairness and the stops hold either way (see the crate
-    /// docs, "Work conservation"). Turn it off only to keep every key on
+    /// docs, "Work conservation"). Turn it off to keep every key on
     /// the worker it was placed on for good — for handlers that rely on a
     /// worker's thread-local state, say — accepting that keys queued behind
     /// a long step wait for it even while another worker idles.
+    ///
+    /// Its cost shows where threads outnumber cores: a worker the operating
+    /// system has descheduled looks stuck like one in a long step, and idle
+    /// workers wake to look for that. On 2 cores shared with one busy
+    /// producer, W1 of BENCHMARKS.md ran 15–23 % faster with it off (paired
+    /// rounds); a slow key's neighbours then wait for it (W9).
     ///
     /// ```
     /// let executor = keyed_executor::KeyedExecutor::builder()
