@@ -15,6 +15,13 @@
 //! step return. Without the steal (or the takeover) it waits forever, and
 //! loom reports the deadlock.
 //!
+//! Submitters never look at a busy port's worker: the idle workers find
+//! what waits behind a blocked step in a port's turn by watching. The
+//! models of that (`takeover_vs_submit`, `watch_vs_park`) ask for watchers
+//! (`common::watching`), whose watching park is a loop of yields here, and
+//! fit in one preemption; the others queue tasks, which
+//! `Shared::schedule` looks behind, and keep workers that park until woken.
+//!
 //! ```text
 //! RUSTFLAGS="--cfg loom -C debug_assertions" LOOM_MAX_PREEMPTIONS=2 \
 //!     cargo test -p loom-tests --release --test executor_steal
@@ -22,7 +29,9 @@
 
 mod common;
 
-use common::{conserving, model, model_bounded, scripted, Event, Gate, Latch, Log, Msg, LONG};
+use common::{
+    conserving, model, model_bounded, scripted, watching, Event, Gate, Latch, Log, Msg, LONG,
+};
 use keyed_executor::{KeyedExecutor, TaskError};
 use loom::thread;
 
@@ -32,12 +41,18 @@ use loom::thread;
 /// still blocks, 2 waits for 1 (queued in 1's mailbox, which the takeover
 /// put in the map). When 1 returns, its worker runs 2 as that mailbox and
 /// retires it. (Retirement racing a submit, with work conservation on, is
-/// `executor_order::retire_vs_submit`.)
+/// `executor_order::retire_vs_submit`.) Nobody but the idle worker looks:
+/// it takes the turn over before it parks, or when its watch comes round;
+/// asleep deep, it is called by the submit of 2 or 3, which finds it
+/// counted (`Shared::ensure_watcher`). With that call removed, this model
+/// deadlocks (checked).
+/// At most one preemption: the watching worker's loop puts two out of
+/// reach.
 #[test]
 fn takeover_vs_submit() {
-    model("takeover_vs_submit", || {
+    model_bounded("takeover_vs_submit", Some(1), || {
         let log = Log::new();
-        let ex = conserving(2, 16);
+        let ex = watching(2, 16);
         let d = scripted(&ex, &log);
         let r = d.receiver(4).unwrap();
         let latch = Latch::new();
@@ -58,17 +73,16 @@ fn takeover_vs_submit() {
     });
 }
 
-/// The idle workers' watch vs. park (`Builder::loom_watchers`: submitters
-/// never look at a busy port's worker, and an idle worker parks deep only
-/// when it sees nothing active, else watches — a loop of yields here).
-/// Key 0's message and then key 1's go to one port right away, while the
-/// other worker may be on its way to park: key 0's blocks the turn, and
-/// only a worker that looks again can take the rest over. Either the
-/// parking worker sees the port or its worker active and watches, or
-/// key 1's submit, after its push, sees it counted deep and calls it
-/// ("Who watches" in `executor.rs`). Without either half, an execution
-/// parks it for good and loom reports the deadlock (checked: with the
-/// submitter's call removed, it fails).
+/// The idle workers' watch vs. park (`Builder::loom_watchers`: an idle
+/// worker parks deep only when it sees nothing active, else watches — a
+/// loop of yields here). Key 0's message and then key 1's go to one port
+/// right away, while the other worker may be on its way to park: key 0's
+/// blocks the turn, and only a worker that looks again can take the rest
+/// over. Either the parking worker sees the port or its worker active
+/// and watches, or key 1's submit, after its push, sees it counted deep
+/// and calls it ("Who watches" in `executor.rs`). Without either half, an
+/// execution parks it for good and loom reports the deadlock (checked:
+/// with the submitter's call removed, it fails).
 /// At most one preemption: the watching worker's loop puts two out of
 /// reach (it did not finish in 16 minutes). The sleeper's look at the
 /// ports covers a race this model cannot reach: a second submitter that

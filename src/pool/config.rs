@@ -202,10 +202,10 @@ impl Builder {
     }
 
     /// Loom models only: idle workers watch for stuck steps by themselves
-    /// as they do outside loom (a watching park is a yield), and
-    /// submitters never look at a busy port's worker — so a model sees
-    /// the idle workers' watch alone carry the work behind a blocked step
-    /// (see "Who watches" in `executor.rs`).
+    /// as they do outside loom (a watching park is a yield), so that the
+    /// work queued behind a blocked step in a busy port is found, as
+    /// outside loom, by the idle workers' watch (submitters never look at
+    /// a busy port's worker; see "Who watches" in `executor.rs`).
     #[cfg(loom)]
     #[doc(hidden)]
     pub fn loom_watchers(mut self) -> Self {
@@ -390,8 +390,8 @@ impl Config {
     /// a timeout, or deep: "Who watches" in `executor.rs`). Always outside
     /// loom. Under loom only when a model asks
     /// ([`Builder::loom_watchers`]), since a watching park is a loop there:
-    /// the other models keep workers that park until woken, and
-    /// submitters that always look.
+    /// the other models keep workers that park until woken (enough where
+    /// a task is queued: `Shared::schedule` looks).
     #[inline]
     pub(crate) fn watchers(&self) -> bool {
         #[cfg(not(loom))]

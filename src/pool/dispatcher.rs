@@ -42,17 +42,16 @@
 //! If that step is long and a worker idles, the idle worker takes the rest
 //! of the turn over:
 //!
-//! - Who asks: a submitter that pushed to a port whose turn is running on
-//!   a stuck worker (`nudge`: it sends one `TAKEOVER` task to an idle
-//!   worker; `rescue` keeps it to one at a time), or an idle worker that
-//!   finds a stuck worker whose port's turn holds deliveries
-//!   (`StopTarget::takeover`, from `WorkerCx::help`).
+//! - Who asks: an idle worker that finds a stuck worker whose port's turn
+//!   holds deliveries (`StopTarget::takeover`, from `WorkerCx::help`; it
+//!   takes the `TAKEOVER` task itself, and `rescue` keeps it to one at a
+//!   time). Submitters do not look at the turn's worker (see "Who watches"
+//!   in `executor.rs`).
 //! - Under the gate, if the slot is still lent (`lent`), the taker puts
 //!   the lent slot in the map as its key's mailbox (so that key's next
 //!   deliveries queue behind its running message), bumps `epoch`, becomes
-//!   the `runner` (and `running_on`, the lock-free hint of it), and runs
-//!   the rest of the turn as its own. `state` stays `RUNNING` throughout: nobody else schedules the
-//!   port meanwhile.
+//!   the `runner`, and runs the rest of the turn as its own. `state` stays
+//!   `RUNNING` throughout: nobody else schedules the port meanwhile.
 //! - The old runner, when its message returns, finds `epoch` changed under
 //!   the gate: the turn is not its own any more. It goes on as the slot's
 //!   mailbox (its queue, then retirement through `drained`, or suspension),
@@ -100,7 +99,7 @@ use crate::pool::receiver::WeakCore;
 use crate::pool::receiver::{Batch, Core, Receiver, ReceiverBuilder};
 use crate::pool::source::{wait_all_drained, Ended, Source, SourceRef};
 use crate::pool::task::{Runnable, Task};
-use crate::pool::worker::{Look, WorkerCx};
+use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::fence;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, SpinGuard, SpinLock};
@@ -459,12 +458,8 @@ type Deferred<K, M, O> = (Delivery<K, M, O>, Stamp);
 /// the worker sees the push (SeqCst fences on both sides).
 struct Port<K, M, H: Handler<K, M>, S> {
     state: AtomicUsize,
-    /// The worker running (or that last ran) its turn, or that its task
-    /// was last queued on: a hint for submitters' stuck checks (the gate's
-    /// `runner` is the truth).
-    running_on: AtomicUsize,
     /// A takeover of its turn is on its way to an idle worker (set by the
-    /// submitter that sent it, cleared by whoever runs it).
+    /// idle worker that found the turn stuck, cleared by whoever runs it).
     rescue: AtomicBool,
     /// Set (under the gate) by a force stop once it emptied the inbox;
     /// read by submitters after their push (see the module docs).
@@ -654,42 +649,26 @@ where
     }
 
     /// After a push to port `p`'s inbox (and a fence): queues the port's
-    /// task unless it is queued or running already; if it is, and its
-    /// worker is stuck while another idles, sees that the delivery does not
-    /// wait for it (see "Taking over a turn").
+    /// task unless it is queued or running already. If it is, the delivery
+    /// waits for that turn, maybe behind a long step. The submitter does
+    /// not look at the step (a look reads a line the busy worker writes per
+    /// step): the idle workers do, and take the turn over if the step is
+    /// stuck (see "Taking over a turn"). It only makes sure one of them
+    /// will look again: if one sleeps without a timeout, it is called
+    /// (see "Who watches" in `executor.rs`).
     #[inline]
     fn schedule_port(this: &Arc<Self>, p: usize) {
-        let port = &this.ports[p];
-        let mut st = port.state.load(SeqCst);
-        if st == PORT_IDLE {
-            match port
-                .state
+        let state = &this.ports[p].state;
+        if state.load(SeqCst) == PORT_IDLE
+            && state
                 .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, SeqCst)
-            {
-                Ok(_) => return Self::queue_port(this, p),
-                // Another submitter queued it: ours waits for that turn.
-                Err(now) => st = now,
-            }
-        }
-        // The port is queued or running: the delivery waits for its turn,
-        // maybe behind a long step. While a worker idles, someone must look
-        // at that step later (see "Who watches" in `executor.rs`). SeqCst:
-        // a deep sleeper counted itself idle before it looked at the ports.
-        if this.shared.any_idle_sc() {
-            Self::behind_turn(this, p, st);
-        }
-    }
-
-    /// A delivery waits for port `p`'s turn (queued or running: `st`)
-    /// while some worker idles: an idle worker asleep without a timeout is
-    /// called, and one time in eight this submitter looks at the turn's
-    /// worker itself (`nudge`).
-    #[cold]
-    fn behind_turn(this: &Arc<Self>, p: usize, st: usize) {
-        this.shared
-            .ensure_watcher(this.ports[p].running_on.load(Relaxed));
-        if crate::pool::worker::look_now(&this.shared) {
-            Self::nudge(this, p, st);
+                .is_ok()
+        {
+            Self::queue_port(this, p);
+        } else {
+            // SeqCst (in `any_deep`): a deep sleeper counted itself before
+            // it looked at the ports and the workers.
+            this.shared.ensure_watcher(p);
         }
     }
 
@@ -698,55 +677,17 @@ where
     /// running), else on the worker's queue, waking it if it sleeps.
     #[inline]
     fn queue_port(this: &Arc<Self>, p: usize) {
-        let port = &this.ports[p];
         let mut task = Some(Task::tagged(this.clone(), p));
         let _ = crate::pool::worker::with_worker_cx(this.shared.id(), p, |cx| {
             cx.push_local(task.take().expect("taken once"));
         });
-        // Where it went (an idle worker, if `p` is stuck): the submitters'
-        // look at it (`nudge`) follows the task.
-        let on = match task {
-            Some(task) => this.shared.schedule(p, task),
-            None => {
-                // Behind the handler that sent it, which may run long.
-                this.shared.ensure_watcher(p);
-                p
+        match task {
+            // To an idle worker instead if `p` is stuck.
+            Some(task) => {
+                this.shared.schedule(p, task);
             }
-        };
-        if port.running_on.load(Relaxed) != on {
-            port.running_on.store(on, Relaxed);
-        }
-    }
-
-    /// A delivery landed on port `p`, whose task is queued or running
-    /// (`st`), while a worker idles: if the port's worker is stuck in a
-    /// step, an idle worker takes over the turn (running) or is called to
-    /// take the queued task.
-    #[cold]
-    fn nudge(this: &Arc<Self>, p: usize, st: usize) {
-        let port = &this.ports[p];
-        // The worker its task was queued on, or its turn runs on.
-        let on = port.running_on.load(SeqCst);
-        let shared = &this.shared;
-        if crate::pool::worker::current_index(shared.id()) == Some(on) {
-            return;
-        }
-        match shared.workers[on].look(|| shared.now_us()) {
-            Look::Stuck => {}
-            Look::Pending => return shared.ensure_watcher(on),
-            Look::No => return,
-        }
-        if st == PORT_SCHEDULED {
-            // Its task waits behind the stuck step: an idle worker takes it.
-            shared.call_helper(on);
-            return;
-        }
-        if port.rescue.load(Relaxed) || port.rescue.swap(true, AcqRel) {
-            return;
-        }
-        match shared.idle_worker(on) {
-            Some(i) => shared.push(i, Task::tagged(this.clone(), p | TAKEOVER)),
-            None => port.rescue.store(false, Release),
+            // Behind the handler that sent it, which may run long.
+            None => this.shared.ensure_watcher(p),
         }
     }
 
@@ -1131,7 +1072,6 @@ where
             // Taken from a stuck worker (or back from one): the turn
             // records were the other worker's tasks'.
             gate.runner = cx.index;
-            port.running_on.store(cx.index, SeqCst);
             gate.turns.forget();
         }
         let epoch = gate.epoch;
@@ -1168,7 +1108,6 @@ where
         gate.epoch = gate.epoch.wrapping_add(1);
         let epoch = gate.epoch;
         gate.runner = cx.index;
-        port.running_on.store(cx.index, SeqCst);
         gate.turns.forget();
         drop(slot);
         cx.port_turn(true);
@@ -2079,7 +2018,6 @@ where
                 .map(|p| {
                     CachePadded::new(Port {
                         state: AtomicUsize::new(PORT_IDLE),
-                        running_on: AtomicUsize::new(p),
                         rescue: AtomicBool::new(false),
                         closed: AtomicBool::new(false),
                         deferred: AtomicBool::new(false),

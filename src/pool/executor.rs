@@ -52,7 +52,7 @@
 //!   looked because they had work for it or none of their own. A worker
 //!   making progress is never stuck, however busy, so a busy pool keeps
 //!   every task where it is (the sticky path costs one relaxed load of
-//!   `idle` per submit). A look that queues work behind a step not yet old
+//!   `idle` per task queued, none per delivery to a busy port). A look that queues work behind a step not yet old
 //!   enough (`Look::Pending`) makes sure a later look comes: an idle
 //!   worker parked with a timeout looks by itself; if every idle worker
 //!   sleeps without one, one is called (`Shared::ensure_watcher`), and
@@ -60,13 +60,14 @@
 //!   same step: a burst of wake-ups behind one short step made them within
 //!   a microsecond, and moved work for nothing.)
 //! - Only while some worker is idle (`Shared::idle`, counted around its
-//!   spin and park) do submitters look, and a submitter whose port is busy
-//!   looks one time in eight (`worker::look_now`: a look reads a line the
-//!   worker writes per step). `Shared::schedule` puts a task
-//!   meant for a stuck worker on an idle one instead; a submitter that finds
-//!   its port's turn running on a stuck worker sends an idle worker a
-//!   *takeover* of that turn (see `dispatcher.rs`); one that finds the port
-//!   queued on a stuck worker calls an idle worker (`call_helper`).
+//!   spin and park) does anyone but the idle workers look, and only where
+//!   a task is queued: `Shared::schedule` (a port's first delivery, a
+//!   woken future) puts a task meant for a stuck worker on an idle one
+//!   instead, or calls an idle worker after the push (`call_helper`). A
+//!   submitter whose port is already queued or running does not look at
+//!   its worker: a look reads a line the busy worker writes per step (and
+//!   the idle count, one the workers write at each idle period). Its
+//!   delivery is found by the idle workers ("Who watches").
 //! - An idle worker, before it spins or parks, and whenever called, takes
 //!   one task of a stuck worker (the oldest of its run queue, else of its
 //!   queue of pushes; `WorkerCx::help`), runs it, and looks again.
@@ -78,32 +79,31 @@
 //!   measured: on the slow-key workload the slow key's port then followed
 //!   the free worker and took the slow key along, so the two workers kept
 //!   swapping which one the slow key blocked; see BENCHMARKS.md.)
-//! - *Who watches.* A submitter that queues work behind a running step
-//!   samples its look (one time in eight), and nobody may be left to look
-//!   later: the idle workers take care of that. An idle worker parks with a
-//!   timeout (`park_watching`: 100 µs while some worker runs with work
-//!   queued, 1.6 ms while others only run) whenever another
-//!   worker or a port is active, and without one (*deep*) only when,
-//!   counted in `Idle::deep` and after a fence, it sees every other worker
-//!   parked with nothing queued and every port idle. Whoever queues work
-//!   behind a step — a delivery to a port already queued or running
-//!   (including the loser of the port's IDLE → SCHEDULED race), a task a
-//!   handler queues on its own worker — reads `deep` after its push
-//!   (SeqCst) and, if it is not zero, calls a deep sleeper
-//!   (`ensure_watcher`). Either the sleeper's look saw the worker or the
-//!   port active, or the queuer's read comes later in the SeqCst order than
-//!   the sleeper's count, so some idle worker always looks again. (Before,
-//!   a worker parked deep when no other had a backlog at that instant; a
-//!   port turn that began just after, with a second message behind a
-//!   blocking first, then waited for good unless that submit happened to
-//!   be one of the sampled ones.) The loom model is
-//!   `executor_steal::watch_vs_park`; the ports half, for two submitters
-//!   racing on an idle port, is out of its reach (see there).
+//! - *Who watches.* Nobody looks at a step that work is queued behind
+//!   except the idle workers, so some idle worker must look again by
+//!   itself. An idle worker parks with a timeout (`park_watching`: 100 µs
+//!   while some worker runs with work queued, 1.6 ms while others only
+//!   run) whenever another worker or a port is active, and without one
+//!   (*deep*) only when, counted in `Idle::deep` and after a fence, it
+//!   sees every other worker parked with nothing queued and every port
+//!   idle. Whoever queues work behind a step — a delivery to a port
+//!   already queued or running (including the loser of the port's IDLE →
+//!   SCHEDULED race), a task a handler queues on its own worker — reads
+//!   `deep` after its push (SeqCst; `deep` has a line of its own, written
+//!   only when a worker sleeps deep or is called) and, if it is not zero,
+//!   calls a deep sleeper (`ensure_watcher`). Either the sleeper's look
+//!   saw the worker or the port active, or the queuer's read comes later
+//!   in the SeqCst order than the sleeper's count, so some idle worker
+//!   always looks again. The loom models are
+//!   `executor_steal::watch_vs_park` and `takeover_vs_submit` (both fail
+//!   with the submitter's call removed); the ports half, for two
+//!   submitters racing on an idle port, is out of their reach (see
+//!   there). (Calling the deep sleeper instead from a worker that takes a
+//!   task after swapping `PARKED` in was built: it woke the sleeper at
+//!   every wake-up, and tripled an idle pool's CPU; see BENCHMARKS.md.)
 //! - A call already pending is not repeated, nor one for the same stuck
 //!   step within 50 µs (`Worker::may_call`); a helper looks again by
-//!   itself after each task it takes. A port remembers the worker its task
-//!   was queued on (`running_on`), so that a task already redirected to an
-//!   idle worker does not make every later submitter call one.
+//!   itself after each task it takes.
 
 use std::fmt;
 use std::hash::Hash;
@@ -176,8 +176,10 @@ struct Idle {
     /// is raised before the mark is set and lowered after it is cleared):
     /// they look at nobody until called. Whoever queues work behind a
     /// running step while this is not zero sees that some idle worker
-    /// watches (`Shared::ensure_watcher`); see "Who watches".
-    deep: AtomicUsize,
+    /// watches (`Shared::ensure_watcher`); see "Who watches". On a line
+    /// of its own: every delivery to a busy port reads it, and `count`
+    /// changes at each idle period of each worker.
+    deep: CachePadded<AtomicUsize>,
 }
 
 /// State shared by the executor's handles, its workers and its dispatchers.
@@ -345,13 +347,6 @@ impl Shared {
     #[inline]
     pub(crate) fn any_idle(&self) -> bool {
         self.idle.count.load(Relaxed) != 0
-    }
-
-    /// [`any_idle`](Self::any_idle), as one side of the hand-shake in "Who
-    /// watches" (a plain load on x86 too).
-    #[inline]
-    pub(crate) fn any_idle_sc(&self) -> bool {
-        self.idle.count.load(SeqCst) != 0
     }
 
     /// Whether some idle worker sleeps (or is about to) without a timeout.
@@ -823,7 +818,7 @@ impl KeyedExecutor {
             state: CachePadded::new(AtomicUsize::new(0)),
             idle: CachePadded::new(Idle {
                 count: AtomicUsize::new(0),
-                deep: AtomicUsize::new(0),
+                deep: CachePadded::new(AtomicUsize::new(0)),
             }),
             next_worker: CachePadded::new(AtomicUsize::new(0)),
             registry: Mutex::new(Registry {

@@ -722,32 +722,6 @@ pub(crate) fn give_back_running_unit(share: UnitRef) {
     });
 }
 
-/// Submitters that find their port busy while a worker idles look at its
-/// worker one time in this many (per thread): a look reads a line the
-/// worker writes per step, and at full speed every submit would pull it.
-#[cfg(not(loom))]
-const LOOK_EVERY: u32 = 8;
-
-/// Whether this submit looks (see [`LOOK_EVERY`]; under loom, always,
-/// unless the model tests the idle workers' watch: then never).
-#[inline]
-pub(crate) fn look_now(shared: &Shared) -> bool {
-    #[cfg(not(loom))]
-    {
-        let _ = shared;
-        std::thread_local! {
-            static LOOKS: Cell<u32> = const { Cell::new(0) };
-        }
-        LOOKS.with(|n| {
-            let v = n.get().wrapping_add(1);
-            n.set(v);
-            v % LOOK_EVERY == 0
-        })
-    }
-    #[cfg(loom)]
-    !shared.config.watchers()
-}
-
 /// Whether the current thread is a worker of the executor at `shared_id`.
 pub(crate) fn on_worker_of(shared_id: usize) -> bool {
     CURRENT.with(|c| c.get() == shared_id)

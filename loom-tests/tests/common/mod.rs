@@ -60,6 +60,21 @@ pub fn conserving(workers: usize, throughput: usize) -> KeyedExecutor {
         .expect("executor")
 }
 
+/// [`conserving`], with idle workers that watch by themselves
+/// (`Builder::loom_watchers`): a worker going idle while another is active
+/// parks "watching" (a yield here, loom having no clock) and looks again,
+/// as outside loom. Submitters never look at a busy port's worker, so a
+/// takeover of a turn that a step holds up needs a watcher. The yield loop
+/// multiplies the executions: these models fit in one preemption.
+pub fn watching(workers: usize, throughput: usize) -> KeyedExecutor {
+    KeyedExecutor::builder()
+        .workers(workers)
+        .throughput(throughput)
+        .loom_watchers()
+        .build()
+        .expect("executor")
+}
+
 /// A dispatcher of `ex` running the [`Script`] handler that logs to `log`,
 /// with the deterministic hasher.
 pub fn scripted(
