@@ -1066,7 +1066,7 @@ where
     fn run_port(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
         let port = &this.ports[p];
         port.state.store(PORT_RUNNING, SeqCst);
-        cx.port_turn(true);
+        cx.port_turn(Some(p));
         let mut gate = port.gate.lock();
         if gate.runner != cx.index {
             // Taken from a stuck worker (or back from one): the turn
@@ -1110,7 +1110,7 @@ where
         gate.runner = cx.index;
         gate.turns.forget();
         drop(slot);
-        cx.port_turn(true);
+        cx.port_turn(Some(p));
         Self::deliveries(&this, p, gate, epoch, cx);
     }
 
@@ -1200,7 +1200,7 @@ where
                     // worker's, and the slot its key's mailbox, in the map
                     // (maybe with messages queued): go on as that mailbox.
                     drop(gate);
-                    cx.port_turn(false);
+                    cx.port_turn(None);
                     match step {
                         Step::Done => {
                             let left = (throughput - spent - 1) as usize;
@@ -1271,7 +1271,7 @@ where
             more = !port.inbox.is_empty() || !gate.deferred.is_empty();
         }
         drop(gate);
-        cx.port_turn(false);
+        cx.port_turn(None);
         if more {
             // Fairness: let the worker's other tasks run, then come back.
             port.state.store(PORT_SCHEDULED, SeqCst);

@@ -272,16 +272,19 @@ impl Shared {
 
     /// The worker for a new mailbox: a running one with nothing queued, else
     /// a parked one, else the least loaded (fewest tasks queued, remote and
-    /// local; the first such from a rotating start). A handler creating a mailbox
-    /// prefers its own worker when that has nothing queued: keys that
-    /// message each other then stay on one core (and deliver directly),
-    /// instead of landing on another worker merely spinning for work.
+    /// local; the first such from a rotating start). A handler creating a
+    /// mailbox prefers its own worker when that has nothing queued — or,
+    /// if its port's turn was moved to this worker, the port's own worker
+    /// when that has nothing queued ([`worker::home_for_new_key`]): keys
+    /// that message each other then stay on one core (and deliver
+    /// directly), instead of landing on another worker merely spinning
+    /// for work.
     pub(crate) fn pick_worker(&self) -> usize {
         let n = self.workers.len();
         if n == 1 {
             return 0;
         }
-        if let Some(me) = worker::current_worker_with_nothing_else(self.id()) {
+        if let Some(me) = worker::home_for_new_key(self) {
             return me;
         }
         let start = self.next_worker.fetch_add(1, Relaxed) % n;

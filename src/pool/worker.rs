@@ -313,6 +313,9 @@ impl Worker {
     }
 }
 
+/// `WorkerCx::in_port` outside a port's turn.
+const NO_PORT: usize = usize::MAX;
+
 /// What a running task knows about the worker running it.
 pub(crate) struct WorkerCx<'a> {
     pub(crate) shared: &'a Shared,
@@ -336,8 +339,11 @@ pub(crate) struct WorkerCx<'a> {
     /// revived by the very task that followed its last turn continues that
     /// turn (see `Mailbox::revived`).
     ticks: Cell<u32>,
-    /// Inside a port's turn (see [`port_turn`](Self::port_turn)).
-    in_port: Cell<bool>,
+    /// The port whose turn runs on this worker, or [`NO_PORT`] (see
+    /// [`port_turn`](Self::port_turn)). The port's own worker is the home
+    /// of the keys the turn's handlers send to first (see
+    /// [`home_for_new_key`]).
+    in_port: Cell<usize>,
     /// This worker's side of the slow-step watch (see `observe.rs`).
     pub(crate) steps: StepLocal,
     /// Counts not yet added to the metrics handles (zero-sized without the
@@ -392,14 +398,15 @@ impl WorkerCx<'_> {
     fn publish_len(&self, len: usize) {
         self.me()
             .local_len
-            .store(len + usize::from(self.in_port.get()), Relaxed);
+            .store(len + usize::from(self.in_port.get() != NO_PORT), Relaxed);
     }
 
-    /// A port's turn begins (`true`) or ends on this worker: while it lasts
+    /// Port `p`'s turn begins on this worker (`Some(p)`: maybe moved here
+    /// from `p`'s own worker), or the turn ends (`None`): while it lasts
     /// the worker counts as having work queued (see `Worker::local_len`).
     #[inline]
-    pub(crate) fn port_turn(&self, on: bool) {
-        self.in_port.set(on);
+    pub(crate) fn port_turn(&self, p: Option<usize>) {
+        self.in_port.set(p.unwrap_or(NO_PORT));
         self.publish_len(self.local.len());
     }
 
@@ -597,12 +604,17 @@ mod current {
 }
 use current::{CURRENT, CX};
 
-/// The index of the worker the current thread is, if it is one of the
-/// executor at `shared_id`'s workers and has nothing queued besides the
-/// task it is running (a port's turn counts as queued work for other
-/// threads, not for the handler running inside it).
-pub(crate) fn current_worker_with_nothing_else(shared_id: usize) -> Option<usize> {
-    if CURRENT.with(|c| c.get()) != shared_id {
+/// Where a handler running on a worker of the executor at `shared_id`
+/// places a new key, if it has a preference: the worker its port's turn
+/// belongs to, when the turn was moved here (work conservation) and that
+/// worker has nothing queued — the keys a key messages first then share
+/// its home, not the worker that happened to run one turn of it (W4 split
+/// its two keys across the workers that way, a wake-up per message) —
+/// else the current worker, if it has nothing queued besides the task it
+/// is running (a port's turn counts as queued work for other threads, not
+/// for the handler running inside it).
+pub(crate) fn home_for_new_key(shared: &Shared) -> Option<usize> {
+    if CURRENT.with(|c| c.get()) != shared.id() {
         return None;
     }
     CX.with(|cx| {
@@ -612,6 +624,14 @@ pub(crate) fn current_worker_with_nothing_else(shared_id: usize) -> Option<usize
         }
         // SAFETY: as in `with_worker_cx`.
         let cx = unsafe { &*cx };
+        let home = cx.in_port.get();
+        if home != NO_PORT
+            && home != cx.index
+            && home < shared.workers.len()
+            && shared.workers[home].queued() == 0
+        {
+            return Some(home);
+        }
         (cx.local.is_empty() && cx.me().queue.is_empty()).then_some(cx.index)
     })
 }
@@ -758,7 +778,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         progress: Cell::new(0),
         pending: Cell::new(None),
         ticks: Cell::new(0),
-        in_port: Cell::new(false),
+        in_port: Cell::new(NO_PORT),
         steps: StepLocal::new(&shared.watch),
         metrics: crate::metrics::WorkerLocal::new(),
         running: Cell::new(Running::Nothing),
