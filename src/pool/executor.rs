@@ -52,11 +52,11 @@
 //!   looked because they had work for it or none of their own. A worker
 //!   making progress is never stuck, however busy, so a busy pool keeps
 //!   every task where it is (the sticky path costs one relaxed load of
-//!   `idle` per task queued, none per delivery to a busy port). A look that queues work behind a step not yet old
-//!   enough (`Look::Pending`) makes sure a later look comes: an idle
-//!   worker parked with a timeout looks by itself; if every idle worker
-//!   sleeps without one, one is called (`Shared::ensure_watcher`), and
-//!   parks watching from then on. (The verdict used to be two looks at the
+//!   `idle` per task queued, none per delivery to a busy port). A look
+//!   that queues work behind a step not yet old enough (`Look::Pending`)
+//!   makes sure a later look comes: an idle worker parked with a timeout
+//!   looks by itself; if every idle worker sleeps without one, one is
+//!   called (`Shared::ensure_watcher`), and parks watching from then on. (The verdict used to be two looks at the
 //!   same step: a burst of wake-ups behind one short step made them within
 //!   a microsecond, and moved work for nothing.)
 //! - Only while some worker is idle (`Shared::idle`, counted around its

@@ -604,7 +604,7 @@ mod current {
 }
 use current::{CURRENT, CX};
 
-/// Where a handler running on a worker of the executor at `shared_id`
+/// Where a handler running on a worker of the executor `shared`
 /// places a new key, if it has a preference: the worker its port's turn
 /// belongs to, when the turn was moved here (work conservation) and that
 /// worker has nothing queued — the keys a key messages first then share
