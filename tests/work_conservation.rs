@@ -280,6 +280,41 @@ fn keys_that_message_each_other_share_a_worker_after_a_moved_first_turn() {
     }
 }
 
+/// Messages of a mailbox's turn that run long (here each sleeps 1 ms,
+/// past the 300 µs mark) make its worker yield its thread before the next
+/// one, so that a thread the kernel queued behind it on its CPU — another
+/// worker with work, a producer — runs. The key's messages still run in
+/// order, one at a time. With the default `throughput` (16) the key's
+/// first 16 messages run in its port's slot (not timed); the 17th finds
+/// its turn spent and gets a mailbox, which the other 7 join. A turn's
+/// first message begins the timing, so the 7 after it each give way.
+#[test]
+fn long_messages_of_a_mailbox_turn_give_way_before_the_next() {
+    const MESSAGES: u64 = 24;
+    let ex = KeyedExecutor::builder().workers(1).build().unwrap();
+    let ran: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let first = Gate::new();
+    let d = ex.dispatcher(handler::from_fn({
+        let (ran, first) = (ran.clone(), first.clone());
+        move |_: &u64, n: u64| {
+            if n == 0 {
+                // Hold the first so that the rest wait in the port's inbox.
+                first.wait();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            ran.lock().unwrap().push(n);
+        }
+    }));
+    let r = d.receiver(64).unwrap();
+    for n in 0..MESSAGES {
+        r.send(7, n).unwrap();
+    }
+    first.open();
+    assert!(ex.shutdown(Duration::from_secs(30)));
+    assert_eq!(*ran.lock().unwrap(), (0..MESSAGES).collect::<Vec<_>>());
+    assert_eq!(ex.stats().workers[0].gave_way, 7);
+}
+
 /// Randomized: several producers, keys spread over a few buckets (so ports
 /// are shared), 1 in 15 messages a slow step (it sleeps, blocking its
 /// worker), some async ones that yield; the executor drains, or is stopped

@@ -104,6 +104,25 @@
 //! - A call already pending is not repeated, nor one for the same stuck
 //!   step within 50 µs (`Worker::may_call`); a helper looks again by
 //!   itself after each task it takes.
+//! - *Long steps give way.* Moving work needs a worker that is idle, and
+//!   a CPU for it. On a machine with as many busy threads as cores (two
+//!   workers and a producer on two cores) the kernel can queue a worker
+//!   with work behind the thread running a long step on the same CPU, and
+//!   let it wait there for a whole time slice (4–8 ms were measured):
+//!   nobody is idle, so nothing moves, and a receiver's credit runs out
+//!   meanwhile. So a stretch of a mailbox's turn that ran for
+//!   `LONG_STEP_US` (300 µs) or more makes its worker yield its thread
+//!   before the next message (`WorkerCx::give_way`, counted in
+//!   `WorkerStats::gave_way`). The first stretch begins as the turn's
+//!   second message starts (a turn of one message reads no clock), and
+//!   the clock is read after the 1st, 2nd, 4th, 8th,
+//!   … message of a stretch (a yield begins the next one): a key whose
+//!   messages all run long yields after each but its turn's first, a hot
+//!   key of short ones pays a few reads a turn. Messages run in a port's
+//!   slot (a key with nothing queued) are not timed: that would be a
+//!   clock read on every message of the common path. (On the slow-key
+//!   workload this took the fast keys' p99 from a median of 11–12 ms to
+//!   about 4 ms, near tokio's; see BENCHMARKS.md.)
 
 use std::fmt;
 use std::hash::Hash;
@@ -711,6 +730,7 @@ impl Shared {
                     parks: c.parks.load(Relaxed),
                     unparks: c.unparks.load(Relaxed),
                     spin_hits: c.spin_hits.load(Relaxed),
+                    gave_way: c.gave_way.load(Relaxed),
                     current_step: self.watch.current_step(self, i, &targets),
                 }
             })

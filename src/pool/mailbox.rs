@@ -113,7 +113,7 @@ use crate::pool::observe::StepToken;
 use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};
-use crate::pool::worker::WorkerCx;
+use crate::pool::worker::{WorkerCx, LONG_STEP_US};
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::sync::{overwrite, Arc, SpinLock, UnsafeCell};
 use crate::trace;
@@ -747,7 +747,20 @@ where
     /// more messages, then yield; or, with the queue dry, leave the map and
     /// go `FREE` (see `DispatcherInner::drained`).
     pub(crate) fn turn(this: Arc<Self>, cx: &WorkerCx<'_>, mut budget: usize) {
-        let throughput = this.dispatcher.shared.config.throughput;
+        let shared = &this.dispatcher.shared;
+        let throughput = shared.config.throughput;
+        // A stretch of the turn that ran `LONG_STEP_US` gives way before
+        // the next message (see "Long steps give way" in `executor.rs`):
+        // `mark` is when the stretch began, `ran` its messages. The first
+        // stretch begins as the turn's second message starts (a turn of
+        // one message reads no clock); the clock is then read after the
+        // 1st, 2nd, 4th, 8th, … message of a stretch, so a key whose
+        // messages all run long yields after each of them but its turn's
+        // first, and a hot key of short ones pays a few reads a turn, not
+        // one a message.
+        let mut ended_one = false;
+        let mut mark: Option<u32> = None;
+        let mut ran = 0u32;
         loop {
             if budget == 0 {
                 // With nothing queued, retire rather than re-queue (a
@@ -764,10 +777,25 @@ where
             match this.next() {
                 Next::Message(env, stamp) => {
                     budget -= 1;
+                    if ended_one && mark.is_none() {
+                        mark = Some(shared.now_us());
+                    }
                     // SAFETY: we own the turn, a key is set (the mailbox is
                     // in its port's map) and no future is stored.
                     match unsafe { Self::start(&this, env, stamp, cx) } {
-                        Step::Done => {}
+                        Step::Done => {
+                            ended_one = true;
+                            if let Some(since) = mark {
+                                ran += 1;
+                                if ran.is_power_of_two()
+                                    && shared.now_us().wrapping_sub(since) >= LONG_STEP_US
+                                {
+                                    cx.give_way();
+                                    mark = Some(shared.now_us());
+                                    ran = 0;
+                                }
+                            }
+                        }
                         Step::Pending => return Self::after_pending(this, cx),
                     }
                 }

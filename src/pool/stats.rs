@@ -42,6 +42,11 @@ pub struct WorkerStats {
     pub unparks: u64,
     /// Spins that found work before parking.
     pub spin_hits: u64,
+    /// Times it yielded its thread in a mailbox's turn, before the next
+    /// message, because the turn's messages after its first (or since
+    /// the last yield) had run for 300 µs or more: a long step
+    /// gives way to a thread waiting for its CPU.
+    pub gave_way: u64,
     /// The handler step it is running now, and for how long. Only watched
     /// when the executor has a [`slow_step`](crate::Builder::slow_step)
     /// threshold (`None` otherwise, and between steps). Reading it

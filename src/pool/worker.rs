@@ -60,7 +60,15 @@ pub(crate) struct Counters {
     pub(crate) parks: AtomicU64,
     pub(crate) unparks: AtomicU64,
     pub(crate) spin_hits: AtomicU64,
+    pub(crate) gave_way: AtomicU64,
 }
+
+/// How long (µs) a stretch of a mailbox's turn must have run for its
+/// worker to yield its thread before the next message (see "Long steps
+/// give way" in `executor.rs`). Far above a short message (1–5 µs), below
+/// the kernel's time slice (a few ms), so that a thread queued behind a
+/// long step on its CPU waits for one message, not a slice.
+pub(crate) const LONG_STEP_US: u32 = 300;
 
 /// How long (µs) one step must have been seen running before its worker
 /// counts as stuck in it: from the first look at the step (by a submitter
@@ -408,6 +416,16 @@ impl WorkerCx<'_> {
     pub(crate) fn port_turn(&self, p: Option<usize>) {
         self.in_port.set(p.unwrap_or(NO_PORT));
         self.publish_len(self.local.len());
+    }
+
+    /// A stretch of a mailbox's turn ran for [`LONG_STEP_US`] or more:
+    /// yield the thread, so that a thread the kernel queued behind this
+    /// one on its CPU (another worker with work, a producer) runs before
+    /// the next message (see "Long steps give way" in `executor.rs`).
+    #[cold]
+    pub(crate) fn give_way(&self) {
+        self.me().counters.gave_way.fetch_add(1, Relaxed);
+        crate::sync::thread::yield_now();
     }
 
     /// A step begins on this worker (a task, or a message in a port's
