@@ -1,6 +1,17 @@
 //! `smol-actors`: `async-executor` run by N threads; one task per key,
 //! spawned on the key's first message, owning the receiver of an unbounded
 //! `async-channel`; the senders in a [`SenderMap`] (DashMap, FxHash).
+//!
+//! As a user writes it from async-executor's docs: one shared `Executor`,
+//! each of the N threads running `future::block_on(ex.run(shutdown))` (the
+//! crate's multi-threaded example does the same through `easy-parallel`);
+//! the producer, a plain thread, spawns with `Executor::spawn` and sends
+//! with `try_send` (an unbounded channel is never full). The map's read
+//! lock (`get`) is the hot path, the write lock (`entry`) a key's first
+//! message only. A sync handler is called straight from the receive loop;
+//! only W3's async one is awaited. `Executor::leak`, which the docs offer
+//! for fewer synchronising operations, is not used: it would leak one
+//! executor per run, and measured no faster on W1 (BENCHMARKS.md).
 
 use super::SenderMap;
 use crate::common::design::{Cfg, Design, Family, Handler, SendTo};
@@ -56,7 +67,11 @@ impl<H: Handler> SendTo for SmolSender<H> {
                     .ex
                     .spawn(async move {
                         while let Ok(m) = rx.recv().await {
-                            h.call(key, m).await;
+                            if H::ASYNC {
+                                h.call(key, m).await;
+                            } else {
+                                h.call_blocking(key, m);
+                            }
                         }
                     })
                     .detach();
