@@ -5,7 +5,7 @@
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A message: its key's sequence number, and whether it is the key's last.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,21 +30,38 @@ pub fn spin_work(iters: u64) -> u64 {
     x
 }
 
-/// Nanoseconds one call of `spin_work(iters)` takes when called back to
-/// back, as a handler is (the best of several tries, so a busy neighbour
-/// makes it no shorter than it is). Back-to-back calls overlap in the
-/// out-of-order core, so this is measured rather than derived from one
-/// long loop.
+/// This thread's CPU time, in ns. The calibration times on it rather than
+/// on the wall clock: on the shared machine a try is often preempted, and
+/// the wall clock would count the time the thread did not run as work
+/// (under a steady load of 2 on 2 cores, every try of 5), so the handlers
+/// would get too few iterations and the overhead columns, which subtract
+/// the work, would go below zero.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the calling thread's CPU
+    // clock always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Nanoseconds of CPU one call of `spin_work(iters)` takes when called back
+/// to back, as a handler is (the best of several tries). Back-to-back calls
+/// overlap in the out-of-order core, so this is measured rather than
+/// derived from one long loop.
 fn ns_per_call(iters: u64) -> f64 {
     // About 2M loop iterations per try.
     let calls = (2_000_000 / (iters + 4)).clamp(1_000, 100_000) as u32;
     let mut best = f64::MAX;
     for _ in 0..5 {
-        let t = Instant::now();
+        let t = thread_cpu_ns();
         for _ in 0..calls {
             black_box(spin_work(black_box(iters)));
         }
-        best = best.min(t.elapsed().as_nanos() as f64 / calls as f64);
+        best = best.min((thread_cpu_ns() - t) as f64 / calls as f64);
     }
     best
 }
@@ -54,13 +71,14 @@ fn ns_per_call(iters: u64) -> f64 {
 /// would take minutes, and back-to-back overlap no longer matters.
 const LONG_NS: u64 = 100_000;
 
-/// The best of five single calls of `spin_work(iters)`, in ns (long work).
+/// The best of five single calls of `spin_work(iters)`, in ns of CPU (long
+/// work).
 fn ns_per_long_call(iters: u64) -> f64 {
     (0..5)
         .map(|_| {
-            let t = Instant::now();
+            let t = thread_cpu_ns();
             black_box(spin_work(black_box(iters)));
-            t.elapsed().as_nanos() as f64
+            (thread_cpu_ns() - t) as f64
         })
         .fold(f64::MAX, f64::min)
 }
