@@ -9,7 +9,7 @@
 //! - [`alloc`]: the counting global allocator (W5, W6);
 //! - [`latency`]: W9's lock-free start/end times and percentiles;
 //! - [`workloads`]: W1–W9 and the list of designs;
-//! - [`report`]: `--table` and `--smoke`.
+//! - [`report`]: `--table`, `--grid`, `--w3-curve`, `--sweep` and `--smoke`.
 
 pub mod alloc;
 pub mod design;

@@ -1,12 +1,14 @@
 //! The non-criterion modes: `--table` (every workload × design, several
 //! runs, a markdown table of median and min–max), `--grid` (the crate alone
 //! on W1–W3 over spin × `max_in_flight`), `--w3-curve` (W3 for the crate at
-//! four credits next to tokio-actors) and `--smoke` (tiny sizes, one run
-//! each, sequence checks only, never timing).
+//! four credits next to tokio-actors), `--sweep` (W1 at handler work 50 ns,
+//! 1 µs, 10 µs) and `--smoke` (tiny sizes, one run each, sequence checks
+//! only, never timing).
 
-use super::work::{work_ns, work_ns_now};
+use super::work::{iters_for, work_ns, work_ns_now};
 use super::workloads::{
-    design_selected, designs, machine_limit, run, workers, Kind, Sizes, Spec, Workload,
+    design_selected, designs, machine_limit, run, workers, Kind, Metric, Outcome, Sizes, Spec,
+    Workload,
 };
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -65,60 +67,8 @@ impl Row {
 }
 
 fn table_of(w: Workload, sizes: &Sizes, rows: &[Row], runs: usize) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "### {}\n", w.title(sizes));
-    let metrics = w.metrics();
-    let _ = write!(out, "| design |");
-    for m in metrics {
-        let better = if m.higher_is_better { "↑" } else { "↓" };
-        let _ = write!(out, " {} {better} median (min–max) |", m.name);
-    }
-    let _ = write!(out, "\n|---|");
-    for _ in metrics {
-        let _ = write!(out, "---|");
-    }
-    out.push('\n');
-    for row in rows {
-        let _ = write!(out, "| {} |", row.spec.name());
-        if let Some(e) = &row.error {
-            let _ = writeln!(out, " FAILED: {e} |");
-            continue;
-        }
-        for i in 0..metrics.len() {
-            let v = row.metric(i);
-            let lo = v.iter().cloned().fold(f64::MAX, f64::min);
-            let hi = v.iter().cloned().fold(f64::MIN, f64::max);
-            let _ = write!(out, " {} ({}–{}) |", num(median(&v)), num(lo), num(hi));
-        }
-        out.push('\n');
-    }
-    // The crate against each peer, on the columns marked `compare`:
-    // crate ÷ peer (a peer whose median is not positive has no ratio).
+    let mut out = table_md(&w.title(sizes), w.metrics(), rows);
     let ok = |r: &&Row| r.error.is_none() && !r.samples.is_empty();
-    for (i, mi) in metrics.iter().enumerate().filter(|(_, m)| m.compare) {
-        for c in rows.iter().filter(ok).filter(|r| r.spec.is_crate()) {
-            let cv = median(&c.metric(i));
-            let mut parts = Vec::new();
-            for p in rows.iter().filter(ok).filter(|r| !r.spec.is_crate()) {
-                let pv = median(&p.metric(i));
-                if pv > 0.0 {
-                    parts.push(format!("{} {}×", p.spec.name(), num(cv / pv)));
-                }
-            }
-            let _ = writeln!(
-                out,
-                "\n{} ÷ peer, {} ({}): {}",
-                c.spec.name(),
-                mi.name,
-                if mi.higher_is_better {
-                    "above 1 = crate better"
-                } else {
-                    "below 1 = crate better"
-                },
-                parts.join(", ")
-            );
-        }
-    }
     if w == Workload::W1b {
         let (cores, ns, limit) = machine_limit(sizes);
         let shares: Vec<String> = rows
@@ -150,6 +100,62 @@ fn table_of(w: Workload, sizes: &Sizes, rows: &[Row], runs: usize) -> String {
         );
     }
     let _ = writeln!(out, "\n({runs} runs per design)\n");
+    out
+}
+
+/// A markdown table under `### title`: per row, each metric's median
+/// (min–max) over its runs; then, for each metric marked `compare`, a line
+/// per crate row with its ratio to every peer (crate ÷ peer; a peer whose
+/// median is not positive has no ratio).
+fn table_md(title: &str, metrics: &[Metric], rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "### {title}\n");
+    let _ = write!(out, "| design |");
+    for m in metrics {
+        let better = if m.higher_is_better { "↑" } else { "↓" };
+        let _ = write!(out, " {} {better} median (min–max) |", m.name);
+    }
+    let _ = write!(out, "\n|---|");
+    for _ in metrics {
+        let _ = write!(out, "---|");
+    }
+    out.push('\n');
+    for row in rows {
+        let _ = write!(out, "| {} |", row.spec.name());
+        if let Some(e) = &row.error {
+            let _ = writeln!(out, " FAILED: {e} |");
+            continue;
+        }
+        for i in 0..metrics.len() {
+            let _ = write!(out, " {} |", summary(&row.metric(i)));
+        }
+        out.push('\n');
+    }
+    let ok = |r: &&Row| r.error.is_none() && !r.samples.is_empty();
+    for (i, mi) in metrics.iter().enumerate().filter(|(_, m)| m.compare) {
+        for c in rows.iter().filter(ok).filter(|r| r.spec.is_crate()) {
+            let cv = median(&c.metric(i));
+            let mut parts = Vec::new();
+            for p in rows.iter().filter(ok).filter(|r| !r.spec.is_crate()) {
+                let pv = median(&p.metric(i));
+                if pv > 0.0 {
+                    parts.push(format!("{} {}×", p.spec.name(), num(cv / pv)));
+                }
+            }
+            let _ = writeln!(
+                out,
+                "\n{} ÷ peer, {} ({}): {}",
+                c.spec.name(),
+                mi.name,
+                if mi.higher_is_better {
+                    "above 1 = crate better"
+                } else {
+                    "below 1 = crate better"
+                },
+                parts.join(", ")
+            );
+        }
+    }
     out
 }
 
@@ -274,6 +280,28 @@ pub fn smoke(sizes: Sizes) -> i32 {
             }
         }
     }
+    if selected().contains(&Workload::W1) {
+        // `--sweep`'s cells, at CI's sizes.
+        let mut check = |what: String, r: Result<Outcome, String>| match r {
+            Ok(_) => {
+                passed += 1;
+                println!("ok   {what}");
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAIL {what}: {e}");
+            }
+        };
+        for spec in threaded() {
+            for &(ns, msgs) in &sizes.sweep {
+                let s = w1_with(&sizes, ns, msgs);
+                check(
+                    format!("sweep {} {}", work_label(ns), spec.name()),
+                    run(spec, Workload::W1, &s),
+                );
+            }
+        }
+    }
     println!(
         "smoke run of the comparison took {:.1} s",
         started.elapsed().as_secs_f64()
@@ -323,11 +351,17 @@ fn sample(
     out
 }
 
-/// `median (min–max)`.
-fn summary(v: &[f64]) -> String {
+/// `(min, median, max)` of `v`.
+fn spread(v: &[f64]) -> (f64, f64, f64) {
     let lo = v.iter().cloned().fold(f64::MAX, f64::min);
     let hi = v.iter().cloned().fold(f64::MIN, f64::max);
-    format!("{} ({}–{})", num(median(v)), num(lo), num(hi))
+    (lo, median(v), hi)
+}
+
+/// `median (min–max)`.
+fn summary(v: &[f64]) -> String {
+    let (lo, med, hi) = spread(v);
+    format!("{} ({}–{})", num(med), num(lo), num(hi))
 }
 
 /// The spin as a row label.
@@ -497,4 +531,208 @@ fn w3_curve_table(sizes: &Sizes, runs: usize) -> bool {
     out.push('\n');
     print!("{out}");
     ok
+}
+
+/// Runs `one(spec)` for every spec, `runs` times, interleaved run by run (a
+/// busy moment of the shared machine hits every design rather than one);
+/// a design that fails stops there and keeps its error. `what` names the
+/// runs in the progress lines on stderr.
+fn rows_of(
+    specs: &[Spec],
+    runs: usize,
+    what: &str,
+    mut one: impl FnMut(Spec) -> Result<Outcome, String>,
+) -> Vec<Row> {
+    let mut rows: Vec<Row> = specs
+        .iter()
+        .map(|&spec| Row {
+            spec,
+            samples: Vec::new(),
+            error: None,
+        })
+        .collect();
+    for r in 0..runs {
+        for row in rows.iter_mut().filter(|row| row.error.is_none()) {
+            eprint!("{what} {} run {}/{runs} … ", row.spec.name(), r + 1);
+            match one(row.spec) {
+                Ok(o) => {
+                    eprintln!("{:?}", o.values);
+                    row.samples.push(o.values);
+                }
+                Err(e) => {
+                    eprintln!("FAILED: {e}");
+                    row.error = Some(e);
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// The designs that hand messages to handler threads: every W1 design but
+/// `inline` (filtered by `KEYED_BENCH_DESIGNS`).
+fn threaded() -> Vec<Spec> {
+    designs(Workload::W1)
+        .into_iter()
+        .filter(|s| s.kind != Kind::Inline)
+        .collect()
+}
+
+/// A handler's work as a column label: `50 ns`, `1 µs`, `10 µs`.
+fn work_label(ns: u64) -> String {
+    if ns >= 1_000 && ns % 1_000 == 0 {
+        format!("{} µs", ns / 1_000)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
+/// W1 with handler work `ns` and `msgs` messages (the rest of `sizes` as is).
+fn w1_with(sizes: &Sizes, ns: u64, msgs: usize) -> Sizes {
+    Sizes {
+        work_ns: ns,
+        msgs,
+        ..sizes.clone()
+    }
+}
+
+/// `--sweep`: W1 for every threaded design at each handler work of
+/// `sizes.sweep` (50 ns, 1 µs, 10 µs, each with a message count that makes
+/// a cell take ~0.2–1 s), `KEYED_BENCH_RUNS` runs per cell, interleaved.
+/// Prints M msg/s with each design's share of the machine's limit (cores ÷
+/// the handler's measured work), the crate's ratio to each peer per work,
+/// and the per-message overhead (CPU ÷ messages minus the work). Returns
+/// the exit code: 1 if any run failed its sequence checks.
+pub fn sweep(sizes: Sizes) -> i32 {
+    let runs = runs();
+    let started = Instant::now();
+    let specs = threaded();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "## W1 handler-cost sweep: {} keys round-robin, one producer, {} handler threads per design, {runs} runs per cell, designs interleaved\n",
+        sizes.keys,
+        workers()
+    );
+    println!("Load average at start: {}\n", loadavg());
+    // Every work size is calibrated before the first run.
+    for &(ns, _) in &sizes.sweep {
+        println!(
+            "- {}: {} loop iterations, measured {:.1} ns per call",
+            work_label(ns),
+            iters_for(ns),
+            work_ns(ns)
+        );
+    }
+    println!();
+    let cells: Vec<Vec<Row>> = sizes
+        .sweep
+        .iter()
+        .map(|&(ns, msgs)| {
+            let s = w1_with(&sizes, ns, msgs);
+            rows_of(&specs, runs, &format!("w1 {}", work_label(ns)), |spec| {
+                run(spec, Workload::W1, &s)
+            })
+        })
+        .collect();
+    let limit = |ns: u64| cores as f64 / work_ns(ns) * 1e3;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "### W1 by handler work: M msg/s ↑ median (min–max), share of the machine's limit\n"
+    );
+    let _ = write!(out, "| design |");
+    for &(ns, msgs) in &sizes.sweep {
+        let _ = write!(out, " {} ({msgs} msgs) |", work_label(ns));
+    }
+    let _ = write!(out, "\n|---|");
+    for _ in &sizes.sweep {
+        let _ = write!(out, "---|");
+    }
+    let _ = write!(out, "\n| machine limit: {cores} cores ÷ work |");
+    for &(ns, _) in &sizes.sweep {
+        let _ = write!(out, " {} |", num(limit(ns)));
+    }
+    out.push('\n');
+    let mut failed = false;
+    for (d, spec) in specs.iter().enumerate() {
+        let _ = write!(out, "| {} |", spec.name());
+        for (c, &(ns, _)) in sizes.sweep.iter().enumerate() {
+            let row = &cells[c][d];
+            match &row.error {
+                Some(e) => {
+                    failed = true;
+                    let _ = write!(out, " FAILED: {e} |");
+                }
+                None => {
+                    let v = row.metric(0);
+                    let share = median(&v) / limit(ns) * 100.0;
+                    let _ = write!(out, " {}, {share:.0} % |", summary(&v));
+                }
+            }
+        }
+        out.push('\n');
+    }
+    // The crate's ratio to each peer, per work: where the overhead stops mattering.
+    let med = |c: usize, d: usize, i: usize| -> Option<f64> {
+        let row = &cells[c][d];
+        (row.error.is_none() && !row.samples.is_empty()).then(|| median(&row.metric(i)))
+    };
+    let _ = writeln!(
+        out,
+        "\n#### The crate ÷ each peer, M msg/s medians (above 1 = crate faster)\n"
+    );
+    let _ = write!(out, "| |");
+    for &(ns, _) in &sizes.sweep {
+        let _ = write!(out, " {} |", work_label(ns));
+    }
+    let _ = write!(out, "\n|---|");
+    for _ in &sizes.sweep {
+        let _ = write!(out, "---|");
+    }
+    out.push('\n');
+    for (ci, crate_spec) in specs.iter().enumerate().filter(|(_, s)| s.is_crate()) {
+        for (pi, peer) in specs.iter().enumerate().filter(|(_, s)| !s.is_crate()) {
+            let _ = write!(out, "| {} ÷ {} |", crate_spec.name(), peer.name());
+            for c in 0..sizes.sweep.len() {
+                match (med(c, ci, 0), med(c, pi, 0)) {
+                    (Some(x), Some(y)) if y > 0.0 => {
+                        let _ = write!(out, " {}× |", num(x / y));
+                    }
+                    _ => {
+                        let _ = write!(out, " – |");
+                    }
+                }
+            }
+            out.push('\n');
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n#### Overhead ns/msg ↓ median: process CPU ÷ messages minus the handler's measured work (the producer's send path and the harness's checks included)\n"
+    );
+    let _ = write!(out, "| design |");
+    for &(ns, _) in &sizes.sweep {
+        let _ = write!(out, " {} |", work_label(ns));
+    }
+    let _ = write!(out, "\n|---|");
+    for _ in &sizes.sweep {
+        let _ = write!(out, "---|");
+    }
+    out.push('\n');
+    for (d, spec) in specs.iter().enumerate() {
+        let _ = write!(out, "| {} |", spec.name());
+        for c in 0..sizes.sweep.len() {
+            let cell = med(c, d, 2).map_or("–".into(), num);
+            let _ = write!(out, " {cell} |");
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "\n({runs} runs per cell)\n");
+    print!("{out}");
+    println!(
+        "Total time: {:.1} s; load average at the end: {}",
+        started.elapsed().as_secs_f64(),
+        loadavg()
+    );
+    i32::from(failed)
 }

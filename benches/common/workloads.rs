@@ -114,6 +114,10 @@ pub struct Sizes {
     pub slow_work_ns: u64,
     /// W9: the producer wakes on this tick and sends what is due.
     pub slow_tick: Duration,
+    /// `--sweep`: W1 at each handler work (ns) with its message count,
+    /// chosen so a cell takes ~0.2–1 s on 2 cores (the machine's limit is
+    /// 2 ÷ work: 2 M msg/s at 1 µs, 0.2 M msg/s at 10 µs).
+    pub sweep: [(u64, usize); 3],
     /// How long a run may take before its missing messages count as lost.
     pub timeout: Duration,
 }
@@ -142,6 +146,7 @@ impl Sizes {
             slow_every: 200,
             slow_work_ns: 1_000_000,
             slow_tick: Duration::from_micros(50),
+            sweep: [(50, 2_000_000), (1_000, 800_000), (10_000, 80_000)],
             timeout: Duration::from_secs(60),
         }
     }
@@ -160,6 +165,7 @@ impl Sizes {
             overload_msgs: 2_000,
             idle_msgs: 30,
             slow_msgs: 3_600,
+            sweep: [(50, 20_000), (1_000, 4_000), (10_000, 400)],
             timeout: Duration::from_secs(30),
             ..Self::full()
         }
@@ -187,6 +193,7 @@ impl Sizes {
             overload_msgs: s(self.overload_msgs),
             idle_msgs: s(self.idle_msgs),
             slow_msgs: s(self.slow_msgs),
+            sweep: self.sweep.map(|(ns, n)| (ns, s(n))),
             ..self
         }
     }
