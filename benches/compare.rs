@@ -5,6 +5,7 @@
 //! cargo bench --bench compare -- --grid      # the crate alone: W1–W3 at spin × max_in_flight, then the W3 curve
 //! cargo bench --bench compare -- --w3-curve  # W3: the crate at max_in_flight 256 … 16,384 next to tokio-actors
 //! cargo bench --bench compare -- --sweep     # W1 at handler work 50 ns, 1 µs, 10 µs, every threaded design
+//! cargo bench --bench compare -- --latency   # open-loop latency at half the fastest design's W1 rate
 //! cargo bench --bench compare -- --smoke     # tiny sizes, sequence checks only (CI): every workload,
 //!                                            #   design, and the crate at every grid/curve setting
 //! cargo test  --release --bench compare      # the same smoke run (no `--bench` argument)
@@ -18,8 +19,10 @@
 //! how to run it alone.
 //!
 //! Environment: `KEYED_BENCH_SCALE` (size factor), `KEYED_BENCH_RUNS`
-//! (runs per design in `--table`, per cell in `--grid` / `--w3-curve` /
-//! `--sweep`; default 3), `KEYED_BENCH_WORKERS` (default 2), `KEYED_BENCH_ONLY`
+//! (runs per design in `--table` / `--latency`, per cell in `--grid` /
+//! `--w3-curve` / `--sweep`; default 3), `KEYED_BENCH_LATENCY_RATE`
+//! (`--latency` at this many msg/s instead of half the fastest W1 measured
+//! first), `KEYED_BENCH_WORKERS` (default 2), `KEYED_BENCH_ONLY`
 //! (`w1,w4`; also picks `--grid`'s workloads among w1–w3),
 //! `KEYED_BENCH_DESIGNS` (`tokio,striped`: substrings of the row labels),
 //! `KEYED_BENCH_CREDIT` (the crate's `max_in_flight` per receiver in W1,
@@ -93,6 +96,9 @@ fn main() {
     }
     if has("--sweep") {
         std::process::exit(common::report::sweep(Sizes::full().scaled_from_env()));
+    }
+    if has("--latency") {
+        std::process::exit(common::report::latency(Sizes::full().scaled_from_env()));
     }
     // `cargo test` runs bench targets without `--bench`: treat that as CI's smoke run.
     if has("--smoke") || !has("--bench") {

@@ -3,7 +3,7 @@
 //! design, for any handler).
 
 use super::device::DeviceHandle;
-use super::latency::Recorder;
+use super::latency::{Recorder, Stamps};
 use super::work::{spin_work, Checker, Gate, Msg};
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
@@ -146,6 +146,36 @@ impl Handler for CpuHandler {
         }
         self.checker.begin(key, msg);
         black_box(spin_work(self.iters));
+        self.checker.end(key, msg);
+    }
+}
+
+/// The open-loop latency row (`--latency`): W1's handler, stamping the
+/// moment each message's work is done (before the checker counts it off,
+/// so every stamp is written when the harness's wait returns).
+pub struct DoneHandler {
+    /// The run's checker.
+    pub checker: Arc<Checker>,
+    /// Per message: when its work was done.
+    pub done: Arc<Stamps>,
+    /// Iterations of [`spin_work`].
+    pub iters: u64,
+}
+
+impl Handler for DoneHandler {
+    type Fut = Ready<()>;
+    const ASYNC: bool = false;
+
+    fn call(&self, key: u64, msg: Msg) -> Ready<()> {
+        self.call_blocking(key, msg);
+        ready(())
+    }
+
+    #[inline]
+    fn call_blocking(&self, key: u64, msg: Msg) {
+        self.checker.begin(key, msg);
+        black_box(spin_work(self.iters));
+        self.done.stamp(key, msg);
         self.checker.end(key, msg);
     }
 }

@@ -1,31 +1,32 @@
-//! W9's latency recording: no lock and no allocation on the hot path.
+//! Latency recording for W9 and the open-loop row (`--latency`): no lock
+//! and no allocation on the hot path.
 //!
-//! Every slot is preallocated with the schedule. A handler writes the time
-//! its message *started* into the message's own slot, found through a
-//! per-key table built with the schedule (`base[key] + seq`: a key's slots
-//! are contiguous, so two workers rarely write one cache line), and the time
-//! a key's last message finished into the key's slot. The scheduled send
-//! times are a function of the message's index, so the latencies (start −
-//! scheduled send) and the percentiles are computed after the run.
+//! Every slot is preallocated with the schedule ([`Stamps`]). In W9 a
+//! handler writes the time its message *started* into the message's own
+//! slot and the time a key's last message finished into the key's slot
+//! ([`Recorder`]); in the open-loop row it writes the time its message's
+//! work was *done*. The scheduled send times are a function of the
+//! message's index, so the latencies (stamp − scheduled send) and the
+//! percentiles are computed after the run.
 
 use super::work::{Msg, Schedule};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-/// Start and end times of one run, in ns since the recorder's epoch.
-pub struct Recorder {
+/// One time per message, in ns since a shared epoch, in a slot found from
+/// the message's key and sequence number (`base[key] + seq`): a key's slots
+/// are contiguous, so two workers rarely write one cache line.
+pub struct Stamps {
     epoch: Instant,
-    /// Per key: its first slot in `starts`.
+    /// Per key: its first slot.
     base: Box<[u32]>,
-    /// Per message, by `base[key] + seq`: when its handler started.
-    starts: Box<[AtomicU64]>,
-    /// Per key: when its last message finished.
-    ends: Box<[AtomicU64]>,
+    /// Per message, by `base[key] + seq`.
+    slots: Box<[AtomicU64]>,
 }
 
-impl Recorder {
-    /// Slots for every message of `sched`.
-    pub fn new(sched: &Schedule) -> Self {
+impl Stamps {
+    /// A slot for every message of `sched`, times counted from `epoch`.
+    pub fn new(sched: &Schedule, epoch: Instant) -> Self {
         let mut count = vec![0u32; sched.keys];
         for &(k, _) in &sched.msgs {
             count[k as usize] += 1;
@@ -39,15 +40,14 @@ impl Recorder {
                 b
             })
             .collect();
-        Recorder {
-            epoch: Instant::now(),
+        Stamps {
+            epoch,
             base,
             // Not zero, so the pages are touched here, not during the run
-            // (a slot left at MAX means its message never started).
-            starts: (0..sched.msgs.len())
+            // (a slot left at MAX means its message never got there).
+            slots: (0..sched.msgs.len())
                 .map(|_| AtomicU64::new(u64::MAX))
                 .collect(),
-            ends: (0..sched.keys).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -57,11 +57,46 @@ impl Recorder {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// Stamps `msg` of `key` with the time now.
+    #[inline]
+    pub fn stamp(&self, key: u64, msg: Msg) {
+        let slot = self.base[key as usize] as usize + msg.seq as usize;
+        self.slots[slot].store(self.now(), Relaxed);
+    }
+
+    /// After the run: the stamp of `seq` of `key`.
+    pub fn get(&self, key: u64, seq: u32) -> u64 {
+        self.slots[self.base[key as usize] as usize + seq as usize].load(Relaxed)
+    }
+}
+
+/// W9's start and end times of one run, in ns since the recorder's epoch.
+pub struct Recorder {
+    /// Per message: when its handler started.
+    starts: Stamps,
+    /// Per key: when its last message finished.
+    ends: Box<[AtomicU64]>,
+}
+
+impl Recorder {
+    /// Slots for every message of `sched`.
+    pub fn new(sched: &Schedule) -> Self {
+        Recorder {
+            starts: Stamps::new(sched, Instant::now()),
+            ends: (0..sched.keys).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Now, in ns since the epoch.
+    #[inline]
+    pub fn now(&self) -> u64 {
+        self.starts.now()
+    }
+
     /// A handler starts `msg` of `key`.
     #[inline]
     pub fn started(&self, key: u64, msg: Msg) {
-        let slot = self.base[key as usize] as usize + msg.seq as usize;
-        self.starts[slot].store(self.now(), Relaxed);
+        self.starts.stamp(key, msg);
     }
 
     /// `key`'s last message finishes (called before the checker hears of it,
@@ -73,7 +108,7 @@ impl Recorder {
 
     /// After the run: when `seq` of `key` started.
     pub fn start_of(&self, key: u64, seq: u32) -> u64 {
-        self.starts[self.base[key as usize] as usize + seq as usize].load(Relaxed)
+        self.starts.get(key, seq)
     }
 
     /// After the run: when `key`'s last message finished.

@@ -7,9 +7,11 @@
 //! - [`work`]: the message, calibrated CPU work, per-key sequence checker;
 //! - [`device`]: W3's simulated ~100 µs device;
 //! - [`alloc`]: the counting global allocator (W5, W6);
-//! - [`latency`]: W9's lock-free start/end times and percentiles;
-//! - [`workloads`]: W1–W9 and the list of designs;
-//! - [`report`]: `--table`, `--grid`, `--w3-curve`, `--sweep` and `--smoke`.
+//! - [`latency`]: W9's and the open-loop row's lock-free per-message
+//!   times, and percentiles;
+//! - [`workloads`]: W1–W9, the open-loop latency run and the list of designs;
+//! - [`report`]: `--table`, `--grid`, `--w3-curve`, `--sweep`, `--latency`
+//!   and `--smoke`.
 
 pub mod alloc;
 pub mod design;

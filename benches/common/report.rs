@@ -2,13 +2,13 @@
 //! runs, a markdown table of median and min–max), `--grid` (the crate alone
 //! on W1–W3 over spin × `max_in_flight`), `--w3-curve` (W3 for the crate at
 //! four credits next to tokio-actors), `--sweep` (W1 at handler work 50 ns,
-//! 1 µs, 10 µs) and `--smoke` (tiny sizes, one run each, sequence checks
-//! only, never timing).
+//! 1 µs, 10 µs), `--latency` (the open-loop latency row) and `--smoke`
+//! (tiny sizes, one run each, sequence checks only, never timing).
 
 use super::work::{iters_for, work_ns, work_ns_now};
 use super::workloads::{
-    design_selected, designs, machine_limit, run, workers, Kind, Metric, Outcome, Sizes, Spec,
-    Workload,
+    design_selected, designs, machine_limit, run, run_open_loop, workers, Kind, Metric, Outcome,
+    Sizes, Spec, Workload, OPEN_LOOP_METRICS,
 };
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -281,7 +281,8 @@ pub fn smoke(sizes: Sizes) -> i32 {
         }
     }
     if selected().contains(&Workload::W1) {
-        // `--sweep`'s cells, at CI's sizes.
+        // `--sweep`'s cells and `--latency`'s open-loop runs (at a fixed
+        // rate: no peak to measure), at CI's sizes.
         let mut check = |what: String, r: Result<Outcome, String>| match r {
             Ok(_) => {
                 passed += 1;
@@ -301,6 +302,12 @@ pub fn smoke(sizes: Sizes) -> i32 {
                 );
             }
         }
+        for spec in designs(Workload::W1) {
+            check(
+                format!("open loop {}", spec.name()),
+                run_open_loop(spec, &sizes, SMOKE_OPEN_LOOP_RATE),
+            );
+        }
     }
     println!(
         "smoke run of the comparison took {:.1} s",
@@ -309,6 +316,10 @@ pub fn smoke(sizes: Sizes) -> i32 {
     println!("smoke: {passed} passed, {failed} failed");
     i32::from(failed > 0)
 }
+
+/// The smoke run's open-loop rate, messages per second (a fixed one: the
+/// smoke run measures no peak).
+const SMOKE_OPEN_LOOP_RATE: f64 = 1e6;
 
 /// `--grid`'s spins.
 const GRID_SPINS: [Duration; 3] = [
@@ -728,6 +739,94 @@ pub fn sweep(sizes: Sizes) -> i32 {
         out.push('\n');
     }
     let _ = writeln!(out, "\n({runs} runs per cell)\n");
+    print!("{out}");
+    println!(
+        "Total time: {:.1} s; load average at the end: {}",
+        started.elapsed().as_secs_f64(),
+        loadavg()
+    );
+    i32::from(failed)
+}
+
+/// `KEYED_BENCH_LATENCY_RATE`: the open-loop row's rate in messages per
+/// second, instead of half the fastest design's W1 measured first.
+fn fixed_latency_rate() -> Option<f64> {
+    std::env::var("KEYED_BENCH_LATENCY_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&r: &f64| r > 0.0)
+}
+
+/// `--latency`: the open-loop latency row. First W1 for every threaded
+/// design (`KEYED_BENCH_RUNS` runs, interleaved; the fastest median is the
+/// machine's rate at this moment), then every design, `inline` included,
+/// fed W1's schedule at half that rate by an open-loop producer
+/// ([`run_open_loop`]): submit → done latency p50 / p99 / p99.9 / max.
+/// `KEYED_BENCH_LATENCY_RATE` skips the first part. Returns the exit code.
+pub fn latency(sizes: Sizes) -> i32 {
+    let runs = runs();
+    let started = Instant::now();
+    println!(
+        "## Open-loop latency: W1's schedule ({} keys round-robin, {} msgs, {} ns handler) at half the machine's rate, {} handler threads per design, {runs} runs each, designs interleaved\n",
+        sizes.keys,
+        sizes.msgs,
+        sizes.work_ns,
+        workers()
+    );
+    println!("Load average at start: {}\n", loadavg());
+    iters_for(sizes.work_ns);
+    let mut failed = false;
+    let rate = match fixed_latency_rate() {
+        Some(r) => {
+            println!(
+                "Offered rate: {} M msg/s (KEYED_BENCH_LATENCY_RATE)\n",
+                num(r / 1e6)
+            );
+            r
+        }
+        None => {
+            let rows = rows_of(&threaded(), runs, "w1 peak", |spec| {
+                run(spec, Workload::W1, &sizes)
+            });
+            print!(
+                "{}",
+                table_md(
+                    &format!("First, the peak: {}", Workload::W1.title(&sizes)),
+                    Workload::W1.metrics(),
+                    &rows
+                )
+            );
+            failed |= rows.iter().any(|r| r.error.is_some());
+            let Some((best, peak)) = rows
+                .iter()
+                .filter(|r| r.error.is_none() && !r.samples.is_empty())
+                .map(|r| (r.spec.name(), median(&r.metric(0))))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+            else {
+                println!("\nNo design finished W1: no rate to offer.");
+                return 1;
+            };
+            println!(
+                "\nOffered rate: {} M msg/s, half of the fastest W1 median in this run ({best}, {} M msg/s)\n",
+                num(peak / 2.0),
+                num(peak)
+            );
+            peak / 2.0 * 1e6
+        }
+    };
+    let rows = rows_of(&designs(Workload::W1), runs, "open loop", |spec| {
+        run_open_loop(spec, &sizes, rate)
+    });
+    failed |= rows.iter().any(|r| r.error.is_some());
+    let mut out = table_md(
+        &format!(
+            "Open-loop latency at {} M msg/s: scheduled send → handler done, µs (first 10 % of the schedule left out)",
+            num(rate / 1e6)
+        ),
+        OPEN_LOOP_METRICS,
+        &rows,
+    );
+    let _ = writeln!(out, "\n({runs} runs per design)\n");
     print!("{out}");
     println!(
         "Total time: {:.1} s; load average at the end: {}",

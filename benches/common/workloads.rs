@@ -56,10 +56,11 @@
 
 use super::alloc;
 use super::design::{
-    Cfg, CpuHandler, Design, Family, Handler, IoHandler, PingHandler, SendTo, SlowKeyHandler,
+    Cfg, CpuHandler, Design, DoneHandler, Family, Handler, IoHandler, PingHandler, SendTo,
+    SlowKeyHandler,
 };
 use super::device::{Device, DeviceHandle};
-use super::latency::{percentile, Recorder, TimerSlack};
+use super::latency::{percentile, Recorder, Stamps, TimerSlack};
 use super::peers::inline::InlineFamily;
 use super::peers::smol_actors::SmolFamily;
 use super::peers::stripe;
@@ -1194,6 +1195,103 @@ fn slow_key<F: Family>(cfg: &Cfg, s: &Sizes) -> Result<Outcome, String> {
             slow.p99,
             slow.p99 / base.p99.max(1e-3),
             slow.lag99,
+        ],
+    })
+}
+
+/// The open-loop latency row's columns (`--latency`).
+pub const OPEN_LOOP_METRICS: &[Metric] = &[
+    m("p50 µs", false),
+    mc("p99 µs", false),
+    m("p99.9 µs", false),
+    m("max µs", false),
+    m("send lag p99 µs", false),
+];
+
+/// The open-loop latency row on design `spec`: W1's schedule (its keys,
+/// messages and handler work) sent at `rate` messages per second, see
+/// [`open_loop`]. `Err` if any message was reordered, overlapped,
+/// duplicated or lost.
+pub fn run_open_loop(spec: Spec, sizes: &Sizes, rate: f64) -> Result<Outcome, String> {
+    let cfg = Cfg {
+        workers: workers(),
+        spin: spec.spin,
+        credit: spec.credit.unwrap_or_else(|| Workload::W1.credit(sizes)),
+    };
+    match spec.kind {
+        Kind::Inline => open_loop::<InlineFamily>(&cfg, sizes, rate),
+        Kind::Striped => open_loop::<StripedFamily>(&cfg, sizes, rate),
+        Kind::Tokio => open_loop::<TokioFamily>(&cfg, sizes, rate),
+        Kind::Smol => open_loop::<SmolFamily>(&cfg, sizes, rate),
+        Kind::Keyed => open_loop::<super::keyed::KeyedFamily>(&cfg, sizes, rate),
+    }
+}
+
+/// One open-loop run: message `i` of W1's schedule is due at `t0 + i /
+/// rate`, fixed before the run. The producer sends each message when it is
+/// due or, if it is late (the design blocked it, or it lost its core), at
+/// once, whatever the design does; it never waits for the design to catch
+/// up. Latency = the handler's done stamp − the message's *scheduled* send
+/// time, so the producer's lateness counts too; the send lag (actual send −
+/// scheduled) is reported on its own. While no message is due the producer
+/// yields its core (`sched_yield`) rather than spin, so a worker sharing
+/// its core runs; at the rates used (millions per second) the next message
+/// is due within a microsecond, so a sleep would overshoot every time.
+/// The first 10 % of the schedule (at W1's sizes, each key's first 20
+/// messages: the actor peers spawn a task per key, the crate makes a
+/// mailbox) is left out of the percentiles.
+fn open_loop<F: Family>(cfg: &Cfg, s: &Sizes, rate: f64) -> Result<Outcome, String> {
+    let sched = Schedule::round_robin(s.msgs, s.keys);
+    let checker = Arc::new(sched.checker());
+    let done = Arc::new(Stamps::new(&sched, Instant::now()));
+    let handler = DoneHandler {
+        checker: checker.clone(),
+        done: done.clone(),
+        iters: iters_for(s.work_ns),
+    };
+    let n = sched.msgs.len();
+    let interval = 1e9 / rate;
+    // Not zero, so its pages are touched before the clock starts.
+    let mut sent = vec![u64::MAX; n];
+    let d = start::<F, _>(cfg, handler);
+    let sender = d.sender();
+    let t0 = done.now();
+    let due = |i: usize| t0 + (i as f64 * interval) as u64;
+    let mut i = 0;
+    while i < n {
+        let now = done.now();
+        if now < due(i) {
+            thread::yield_now();
+            continue;
+        }
+        let (k, m) = sched.msgs[i];
+        sent[i] = now;
+        sender.send(k, m);
+        i += 1;
+    }
+    drop(sender);
+    let d = drained(d, &checker, s.timeout)?;
+    let elapsed = Duration::from_nanos(done.now() - t0);
+    settle(d, &checker, n, s.timeout)?;
+    // Everything below is after the run.
+    let warm = n / 10;
+    let mut lat: Vec<u64> = sched.msgs[warm..]
+        .iter()
+        .enumerate()
+        .map(|(j, &(k, m))| done.get(k, m.seq).saturating_sub(due(warm + j)))
+        .collect();
+    lat.sort_unstable();
+    let mut lag: Vec<u64> = (warm..n).map(|i| sent[i] - due(i)).collect();
+    lag.sort_unstable();
+    let us = |ns: u64| ns as f64 / 1e3;
+    Ok(Outcome {
+        elapsed,
+        values: vec![
+            us(percentile(&lat, 50.0)),
+            us(percentile(&lat, 99.0)),
+            us(percentile(&lat, 99.9)),
+            us(lat.last().copied().unwrap_or(0)),
+            us(percentile(&lag, 99.0)),
         ],
     })
 }
