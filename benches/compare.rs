@@ -6,6 +6,7 @@
 //! cargo bench --bench compare -- --w3-curve  # W3: the crate at max_in_flight 256 … 16,384 next to tokio-actors
 //! cargo bench --bench compare -- --sweep     # W1 at handler work 50 ns, 1 µs, 10 µs, every threaded design
 //! cargo bench --bench compare -- --latency   # open-loop latency at half the fastest design's W1 rate
+//! cargo bench --bench compare -- --steady    # W1 over 10 separate invocations per design, alternated
 //! cargo bench --bench compare -- --smoke     # tiny sizes, sequence checks only (CI): every workload,
 //!                                            #   design, and the crate at every grid/curve setting
 //! cargo test  --release --bench compare      # the same smoke run (no `--bench` argument)
@@ -20,9 +21,12 @@
 //!
 //! Environment: `KEYED_BENCH_SCALE` (size factor), `KEYED_BENCH_RUNS`
 //! (runs per design in `--table` / `--latency`, per cell in `--grid` /
-//! `--w3-curve` / `--sweep`; default 3), `KEYED_BENCH_LATENCY_RATE`
-//! (`--latency` at this many msg/s instead of half the fastest W1 measured
-//! first), `KEYED_BENCH_WORKERS` (default 2), `KEYED_BENCH_ONLY`
+//! `--w3-curve` / `--sweep`; default 3), `KEYED_BENCH_INVOCATIONS`
+//! (`--steady`'s invocations per design, default 10),
+//! `KEYED_BENCH_LATENCY_RATE` (`--latency` at this many msg/s instead of
+//! half the fastest W1 measured first), `KEYED_BENCH_ITERS` (`50:23`:
+//! handler work in ns and the loop iterations to use instead of
+//! calibrating; `--steady` sets it for its invocations), `KEYED_BENCH_WORKERS` (default 2), `KEYED_BENCH_ONLY`
 //! (`w1,w4`; also picks `--grid`'s workloads among w1–w3),
 //! `KEYED_BENCH_DESIGNS` (`tokio,striped`: substrings of the row labels),
 //! `KEYED_BENCH_CREDIT` (the crate's `max_in_flight` per receiver in W1,
@@ -85,6 +89,16 @@ fn main() {
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .expect("install the Prometheus recorder");
+    // One `--steady` invocation (started by `--steady` itself).
+    if let Some(i) = args.iter().position(|a| a == common::steady::ONCE_FLAG) {
+        let label = args.get(i + 1).map_or("", String::as_str);
+        let sizes = if has(common::steady::TINY_FLAG) {
+            Sizes::smoke()
+        } else {
+            Sizes::full().scaled_from_env()
+        };
+        std::process::exit(common::steady::w1_once(label, &sizes));
+    }
     if has("--table") {
         std::process::exit(common::report::table(Sizes::full().scaled_from_env()));
     }
@@ -99,6 +113,13 @@ fn main() {
     }
     if has("--latency") {
         std::process::exit(common::report::latency(Sizes::full().scaled_from_env()));
+    }
+    if has("--steady") {
+        std::process::exit(common::steady::steady(
+            &Sizes::full().scaled_from_env(),
+            common::steady::invocations(),
+            false,
+        ));
     }
     // `cargo test` runs bench targets without `--bench`: treat that as CI's smoke run.
     if has("--smoke") || !has("--bench") {

@@ -11,7 +11,8 @@
 //!   times, and percentiles;
 //! - [`workloads`]: W1–W9, the open-loop latency run and the list of designs;
 //! - [`report`]: `--table`, `--grid`, `--w3-curve`, `--sweep`, `--latency`
-//!   and `--smoke`.
+//!   and `--smoke`;
+//! - [`steady`]: `--steady`, W1 over separate invocations.
 
 pub mod alloc;
 pub mod design;
@@ -20,5 +21,6 @@ pub mod keyed;
 pub mod latency;
 pub mod peers;
 pub mod report;
+pub mod steady;
 pub mod work;
 pub mod workloads;

@@ -4,6 +4,7 @@
 //! four credits next to tokio-actors), `--sweep` (W1 at handler work 50 ns,
 //! 1 µs, 10 µs), `--latency` (the open-loop latency row) and `--smoke`
 //! (tiny sizes, one run each, sequence checks only, never timing).
+//! `--steady` is in `steady.rs`.
 
 use super::work::{iters_for, work_ns, work_ns_now};
 use super::workloads::{
@@ -28,7 +29,7 @@ pub fn selected() -> Vec<Workload> {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -40,7 +41,7 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// Three significant digits, no exponent.
-fn num(x: f64) -> String {
+pub(crate) fn num(x: f64) -> String {
     let a = x.abs();
     if a >= 100.0 {
         format!("{x:.0}")
@@ -170,7 +171,7 @@ fn runs() -> usize {
 
 /// The 1/5/15-minute load averages: the machine is shared, so a table says
 /// how busy it was.
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "?".into())
@@ -281,8 +282,9 @@ pub fn smoke(sizes: Sizes) -> i32 {
         }
     }
     if selected().contains(&Workload::W1) {
-        // `--sweep`'s cells and `--latency`'s open-loop runs (at a fixed
-        // rate: no peak to measure), at CI's sizes.
+        // `--sweep`'s cells, `--latency`'s open-loop runs (at a fixed
+        // rate: no peak to measure) and one `--steady` invocation per
+        // design, at CI's sizes.
         let mut check = |what: String, r: Result<Outcome, String>| match r {
             Ok(_) => {
                 passed += 1;
@@ -307,6 +309,13 @@ pub fn smoke(sizes: Sizes) -> i32 {
                 format!("open loop {}", spec.name()),
                 run_open_loop(spec, &sizes, SMOKE_OPEN_LOOP_RATE),
             );
+        }
+        if super::steady::steady(&sizes, 1, true) == 0 {
+            passed += 1;
+            println!("ok   steady, one invocation per design");
+        } else {
+            failed += 1;
+            println!("FAIL steady, one invocation per design");
         }
     }
     println!(
@@ -363,7 +372,7 @@ fn sample(
 }
 
 /// `(min, median, max)` of `v`.
-fn spread(v: &[f64]) -> (f64, f64, f64) {
+pub(crate) fn spread(v: &[f64]) -> (f64, f64, f64) {
     let lo = v.iter().cloned().fold(f64::MAX, f64::min);
     let hi = v.iter().cloned().fold(f64::MIN, f64::max);
     (lo, median(v), hi)

@@ -83,10 +83,28 @@ fn ns_per_long_call(iters: u64) -> f64 {
         .fold(f64::MAX, f64::min)
 }
 
+/// `KEYED_BENCH_ITERS` (`50:23,1000:480`: ns of work, then iterations):
+/// the iteration counts to use instead of calibrating. `--steady` sets it
+/// for each invocation it starts, so that every invocation runs the same
+/// handler; a count calibrated afresh in each process varies by ±10 % on
+/// the shared machine, which would show as the designs' unsteadiness.
+pub const ITERS_ENV: &str = "KEYED_BENCH_ITERS";
+
+/// The iterations [`ITERS_ENV`] gives for `ns`, if any.
+fn iters_from_env(ns: u64) -> Option<u64> {
+    let v = std::env::var(ITERS_ENV).ok()?;
+    v.split(',').find_map(|pair| {
+        let (n, i) = pair.split_once(':')?;
+        (n.trim().parse::<u64>().ok()? == ns)
+            .then(|| i.trim().parse().ok())
+            .flatten()
+    })
+}
+
 /// Iterations of [`spin_work`] whose back-to-back calls take about `ns`
-/// nanoseconds each (calibrated once per `ns`). Work of [`LONG_NS`] or more
-/// is scaled from the 2 µs calibration and corrected once by timing the
-/// long call itself.
+/// nanoseconds each (calibrated once per `ns`, unless [`ITERS_ENV`] gives
+/// them). Work of [`LONG_NS`] or more is scaled from the 2 µs calibration
+/// and corrected once by timing the long call itself.
 pub fn iters_for(ns: u64) -> u64 {
     static CACHE: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
     if ns == 0 {
@@ -95,7 +113,9 @@ pub fn iters_for(ns: u64) -> u64 {
     if let Some(&(_, iters)) = CACHE.lock().unwrap().iter().find(|(n, _)| *n == ns) {
         return iters;
     }
-    let iters = if ns >= LONG_NS {
+    let iters = if let Some(iters) = iters_from_env(ns) {
+        iters
+    } else if ns >= LONG_NS {
         let guess = (iters_for(2_000) * (ns / 2_000)).max(1);
         ((guess as f64 * ns as f64 / ns_per_long_call(guess)).round() as u64).max(1)
     } else {
