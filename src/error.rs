@@ -78,6 +78,24 @@ pub enum ConfigError {
         "`metrics_sampling` must be a power of two (1, 2, 4, ..., 1 = every message), got {0}"
     )]
     InvalidMetricsSampling(u32),
+    /// `max_attempts(0)` on a retry policy: the first attempt is one.
+    #[error("`max_attempts` must be at least 1, got 0: the first attempt counts as one (1 = never retry)")]
+    ZeroMaxAttempts,
+    /// An exponential backoff whose `factor` is not a finite number above
+    /// 1.0 (the value, printed).
+    #[error("the `factor` of an exponential backoff must be a finite number above 1.0, got {0}: at or below 1.0 the delay never grows (use `Backoff::Fixed` for a steady delay)")]
+    InvalidBackoffFactor(String),
+    /// An exponential backoff whose `initial` delay is zero.
+    #[error("the `initial` delay of an exponential backoff must be above zero: from zero it never grows (use `Backoff::Fixed(Duration::ZERO)` to retry at once)")]
+    ZeroBackoffInitial,
+    /// An exponential backoff whose `max` delay is below its `initial` one.
+    #[error("the `max` delay of an exponential backoff ({max:?}) is below its `initial` delay ({initial:?})")]
+    BackoffMaxBelowInitial {
+        /// The delay after the first failure.
+        initial: Duration,
+        /// The cap that was asked for.
+        max: Duration,
+    },
     /// The operating system refused to start a worker thread.
     #[error("could not start worker thread `{name}`: {reason}")]
     Spawn {
@@ -231,8 +249,17 @@ struct SyncPayload(Box<dyn Any + Send + 'static>);
 unsafe impl Sync for SyncPayload {}
 
 impl Panic {
-    #[allow(dead_code)]
-    pub(crate) fn new(payload: Box<dyn Any + Send + 'static>) -> Self {
+    /// Wraps a panic's payload, as [`std::panic::catch_unwind`] returns it:
+    /// for code that runs attempts itself and asks a
+    /// [`RetryPolicy`](crate::RetryPolicy) about a [`Failure`](crate::Failure).
+    ///
+    /// ```
+    /// use keyed_executor::Panic;
+    ///
+    /// let payload = std::panic::catch_unwind(|| panic!("out of {}", "cheese")).unwrap_err();
+    /// assert_eq!(Panic::new(payload).message(), "out of cheese");
+    /// ```
+    pub fn new(payload: Box<dyn Any + Send + 'static>) -> Self {
         let message = if let Some(s) = payload.downcast_ref::<&'static str>() {
             (*s).to_owned()
         } else if let Some(s) = payload.downcast_ref::<String>() {

@@ -444,6 +444,7 @@ pub use pool::receiver::{
     Receiver, ReceiverBuilder, SendFuture, ShutdownFuture, SubmitFuture,
     DEFAULT_COMMIT_SPAN_FACTOR, MIN_DEFAULT_COMMIT_SPAN,
 };
+pub use pool::retry::{Backoff, Failure, Jitter, RetryDecision, RetryPolicy, RetryPolicyBuilder};
 pub use pool::stats::{
     CurrentStep, DispatcherStats, ExecutorStats, SpawnedStats, WorkerState, WorkerStats,
 };

@@ -11,6 +11,8 @@
 //! - `dispatcher.rs`: one handler, its keys' pins and its per-worker inboxes.
 //! - `receiver.rs`: the sources that feed a dispatcher, with their credit.
 //! - `batch.rs`: a receiver's batched sends (`send_batch` and its forms).
+//! - `retry.rs`: retry policies: attempts, backoff, jitter, which failures
+//!   retry.
 //! - `source.rs`: a receiver's shared state: credit, positions, the commit
 //!   point, and whether it takes messages.
 //! - `mailbox.rs`: one key's queue, its running future and its state machine.
@@ -30,6 +32,7 @@ pub(crate) mod inbox;
 pub(crate) mod mailbox;
 pub(crate) mod observe;
 pub(crate) mod receiver;
+pub(crate) mod retry;
 pub(crate) mod source;
 pub(crate) mod spawn;
 pub(crate) mod stats;
