@@ -1,18 +1,73 @@
-//! A one-shot wake-up at a deadline, for the crate's futures that have a
-//! timeout but no runtime to keep it (`Receiver::shutdown_async`,
-//! `Lanes::close`): a small thread sleeps until the deadline (by a clock the
-//! caller gives), wakes the registered waker and exits. Re-arming moves the
-//! deadline and the waker; dropping the `Timer` cancels it, and the thread
-//! exits at once.
+//! Wake-ups at deadlines, for futures that have a timeout but no runtime to
+//! keep it. Two services:
 //!
-//! State machine (under `state`'s lock): armed (a waker and a deadline) →
-//! fired (the thread took the waker and woke it) or cancelled (the owner
-//! dropped the timer); the thread exits in either. Re-arming a fired timer
-//! is not possible: the owner starts a new one.
+//! - [`Timer`]: one wake-up on a thread of its own, for the crate's two rare
+//!   waits with a timeout (`Receiver::shutdown_async`, `Lanes::close`).
+//! - [`Timers`]: many wake-ups on one thread, for waits that come by the
+//!   thousand (a message's backoff before its next attempt), and
+//!   [`Sleep`], a future over one of them.
+//!
+//! # `Timer`
+//!
+//! A small thread sleeps until the deadline (by a clock the caller gives),
+//! wakes the registered waker and exits. Re-arming moves the deadline and
+//! the waker; dropping the `Timer` cancels it, and the thread exits at
+//! once. State machine (under `state`'s lock): armed (a waker and a
+//! deadline) → fired (the thread took the waker and woke it) or cancelled
+//! (the owner dropped the timer); the thread exits in either. Re-arming a
+//! fired timer is not possible: the owner starts a new one.
+//!
+//! # `Timers`
+//!
+//! One mutex holds a binary min-heap of *entries* (deadline, waker),
+//! ordered by deadline and then by insertion, and a table of *slots* that
+//! says where each entry sits in the heap, so that an entry is found from
+//! its [`TimerKey`] (slot, id) in O(1) and removed or moved in O(log n).
+//! An entry is *pending* from `insert` until it *fires* (the thread takes
+//! it out and wakes its waker) or is *cancelled* (`cancel` takes it out and
+//! drops its waker); either way its slot is freed at once, and ids are
+//! never reused, so a stale key finds nothing (`cancel` says `false`,
+//! `reset` says `false`: insert again).
+//!
+//! The thread starts on the first `insert` and loops under the lock: take
+//! out the entries due by its clock (at most [`FIRE_BATCH`] a round), wake
+//! them with the lock released, and when none is due wait on the condvar
+//! until the earliest deadline (or until notified, with none pending).
+//!
+//! No lost wake-up: the thread reads the heap and begins its wait under
+//! the lock (the wait releases it atomically), and every insert or re-arm
+//! that makes its entry the heap's earliest notifies the condvar after
+//! changing the heap under that lock. So a new earliest deadline is either
+//! seen by the thread before it waits, or wakes it from the wait; one that
+//! is not the earliest is due no sooner than the deadline the thread
+//! already waits for, after which it looks again.
+//!
+//! A cancel racing the firing is harmless: whoever takes the entry out
+//! under the lock owns its waker; the other finds nothing. A waker taken by
+//! the thread may be woken just after a `cancel` that came too late (which
+//! said `false`); wakers are owned values, so nothing is freed under
+//! anyone. Wakers are woken and dropped outside the lock, in
+//! `catch_unwind` on the thread, so a waker may call back into the
+//! `Timers`, and one that panics does not stop the others.
+//!
+//! Dropping the `Timers` closes it: the thread exits (joined, unless the
+//! drop runs on the thread itself, from a waker), and what is still
+//! pending is woken, so no [`Sleep`] waits for a service that is gone.
+//! Memory follows the pending entries: when the heap empties, the slot
+//! table is cleared and every buffer shrinks back to [`KEEP`] entries; in
+//! between, the heap's buffer halves whenever it is three-quarters empty.
+//!
+//! Under loom, a timed wait is an untimed one (the shim's `Condvar`), so a
+//! model's thread sleeps until notified: a missing notify shows up as a
+//! deadlock. The models (`loom-tests/tests/timers.rs`) use deadlines
+//! already passed (due) or an hour away (never due).
 
 use std::fmt;
-use std::task::Waker;
-use std::time::Instant;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use crate::sync::thread;
 use crate::sync::{Arc, Condvar, Mutex};
@@ -140,5 +195,1166 @@ impl Drop for Timer {
 impl fmt::Debug for Timer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Timer").finish_non_exhaustive()
+    }
+}
+
+// ----- Timers ----------------------------------------------------------------
+
+/// Entries whose buffers the heap keeps when it empties (about 2 KiB in
+/// all), so a trickle of single entries does not allocate each time.
+const KEEP: usize = 32;
+
+/// The most entries the thread takes out under one hold of the lock: an
+/// insert waits behind at most this many removals, and the thread's own
+/// buffer of wakers never grows past it.
+const FIRE_BATCH: usize = 64;
+
+/// The thread's name when none is given.
+const DEFAULT_TIMERS_NAME: &str = "keyed-timer";
+
+/// Names a pending entry of a [`Timers`]: `slot` says where to look, `id`
+/// (never reused) says whether what is there is still this entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use = "an entry is cancelled or re-armed through its key"]
+#[allow(unreachable_pub)]
+pub struct TimerKey {
+    slot: usize,
+    id: u64,
+}
+
+/// A pending entry, in the heap.
+struct Entry {
+    deadline: Instant,
+    id: u64,
+    slot: usize,
+    waker: Waker,
+}
+
+/// Where a slot's entry is: `id` 0 marks a free slot.
+#[derive(Clone, Copy)]
+struct Slot {
+    id: u64,
+    pos: usize,
+}
+
+/// A binary min-heap of entries by (deadline, id), with a slot table that
+/// finds an entry from its key. Every move of an entry in `entries`
+/// updates its slot's `pos`.
+struct Heap {
+    entries: Vec<Entry>,
+    slots: Vec<Slot>,
+    /// Free slots, reused before the table grows.
+    free: Vec<usize>,
+    next_id: u64,
+}
+
+impl Heap {
+    fn new() -> Heap {
+        Heap {
+            entries: Vec::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            next_id: 1,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The largest buffer, in elements (tests check it shrinks).
+    fn capacity(&self) -> usize {
+        self.entries
+            .capacity()
+            .max(self.slots.capacity())
+            .max(self.free.capacity())
+    }
+
+    fn earliest(&self) -> Option<Instant> {
+        self.entries.first().map(|e| e.deadline)
+    }
+
+    /// Adds an entry; the flag says whether it is now the earliest.
+    fn push(&mut self, deadline: Instant, waker: Waker) -> (TimerKey, bool) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let pos = self.entries.len();
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Slot { id, pos };
+                slot
+            }
+            None => {
+                self.slots.push(Slot { id, pos });
+                self.slots.len() - 1
+            }
+        };
+        self.entries.push(Entry {
+            deadline,
+            id,
+            slot,
+            waker,
+        });
+        let pos = self.sift_up(pos);
+        (TimerKey { slot, id }, pos == 0)
+    }
+
+    /// Where `key`'s entry sits, if it is still pending.
+    fn position(&self, key: TimerKey) -> Option<usize> {
+        match self.slots.get(key.slot) {
+            Some(s) if s.id == key.id => Some(s.pos),
+            _ => None,
+        }
+    }
+
+    /// Takes `key`'s entry out, if it is still pending.
+    fn remove(&mut self, key: TimerKey) -> Option<Waker> {
+        let pos = self.position(key)?;
+        Some(self.remove_at(pos).waker)
+    }
+
+    /// Moves `key`'s entry to `deadline`. `None` if it is not pending, else
+    /// whether it is now the earliest.
+    fn reset(&mut self, key: TimerKey, deadline: Instant) -> Option<bool> {
+        let pos = self.position(key)?;
+        self.entries[pos].deadline = deadline;
+        let pos = self.sift_up(pos);
+        let pos = self.sift_down(pos);
+        Some(pos == 0)
+    }
+
+    /// The waker of `key`'s entry, if it is still pending.
+    fn waker_mut(&mut self, key: TimerKey) -> Option<&mut Waker> {
+        let pos = self.position(key)?;
+        Some(&mut self.entries[pos].waker)
+    }
+
+    /// Takes out the earliest entry if it is due by `now`.
+    fn pop_due(&mut self, now: Instant) -> Option<Waker> {
+        if self.earliest()? > now {
+            return None;
+        }
+        Some(self.remove_at(0).waker)
+    }
+
+    /// Takes every entry out (closing); every key goes stale.
+    fn take_all(&mut self) -> Vec<Waker> {
+        let all = self.entries.drain(..).map(|e| e.waker).collect();
+        self.shrink();
+        all
+    }
+
+    fn remove_at(&mut self, pos: usize) -> Entry {
+        let entry = self.entries.swap_remove(pos);
+        self.slots[entry.slot] = Slot { id: 0, pos: 0 };
+        self.free.push(entry.slot);
+        if pos < self.entries.len() {
+            // The last entry moved into the hole: put it in its place.
+            self.slots[self.entries[pos].slot].pos = pos;
+            let pos = self.sift_up(pos);
+            self.sift_down(pos);
+        }
+        self.shrink();
+        entry
+    }
+
+    /// Gives memory back: all of it (down to [`KEEP`]) once nothing is
+    /// pending, and half of the heap's buffer whenever it is three-quarters
+    /// empty (each halving follows at least as many removals as it frees
+    /// places, so the cost per removal stays constant).
+    fn shrink(&mut self) {
+        if self.entries.is_empty() {
+            self.slots.clear();
+            self.free.clear();
+            if self.capacity() > KEEP {
+                self.entries.shrink_to(KEEP);
+                self.slots.shrink_to(KEEP);
+                self.free.shrink_to(KEEP);
+            }
+        } else {
+            let cap = self.entries.capacity();
+            if cap > KEEP && self.entries.len() <= cap / 4 {
+                self.entries.shrink_to(cap / 2);
+            }
+        }
+    }
+
+    fn earlier(&self, a: usize, b: usize) -> bool {
+        let (a, b) = (&self.entries[a], &self.entries[b]);
+        (a.deadline, a.id) < (b.deadline, b.id)
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.entries.swap(a, b);
+        self.slots[self.entries[a].slot].pos = a;
+        self.slots[self.entries[b].slot].pos = b;
+    }
+
+    fn sift_up(&mut self, mut pos: usize) -> usize {
+        while pos > 0 {
+            let parent = (pos - 1) / 2;
+            if !self.earlier(pos, parent) {
+                break;
+            }
+            self.swap(pos, parent);
+            pos = parent;
+        }
+        pos
+    }
+
+    fn sift_down(&mut self, mut pos: usize) -> usize {
+        loop {
+            let left = 2 * pos + 1;
+            if left >= self.entries.len() {
+                return pos;
+            }
+            let right = left + 1;
+            let child = if right < self.entries.len() && self.earlier(right, left) {
+                right
+            } else {
+                left
+            };
+            if !self.earlier(child, pos) {
+                return pos;
+            }
+            self.swap(pos, child);
+            pos = child;
+        }
+    }
+}
+
+/// What the thread and every handle share.
+struct TimersInner {
+    state: Mutex<TimersState>,
+    /// Wakes the thread: a new earliest entry, or the close.
+    cond: Condvar,
+    name: String,
+}
+
+struct TimersState {
+    heap: Heap,
+    /// The thread, once started (taken by the close).
+    thread: Option<thread::JoinHandle<()>>,
+    /// The `Timers` was dropped: nothing new is pending, the thread exits.
+    closed: bool,
+}
+
+/// Why an entry could not be made pending.
+enum Refused {
+    /// The `Timers` was dropped.
+    Closed,
+    /// The thread could not be started (what the OS said).
+    Unavailable(String),
+}
+
+/// Many wake-ups at deadlines on one thread (see the module docs): for
+/// thousands of concurrent waits, each insert, re-arm and cancel costs
+/// O(log n) under one short lock, and a pending entry costs about 70 bytes
+/// of shared buffers (heap, slot table, free list), no allocation of its
+/// own.
+#[cfg_attr(not(any(test, loom)), allow(dead_code))]
+#[allow(unreachable_pub)]
+pub struct Timers {
+    inner: Arc<TimersInner>,
+}
+
+#[cfg_attr(not(any(test, loom)), allow(dead_code))]
+#[allow(unreachable_pub)]
+impl Timers {
+    /// A service whose thread, started on first use, is named
+    /// `keyed-timer`.
+    pub fn new() -> Timers {
+        Timers::with_name(DEFAULT_TIMERS_NAME)
+    }
+
+    /// A service whose thread, started on first use, is named `name`.
+    pub fn with_name(name: impl Into<String>) -> Timers {
+        Timers {
+            inner: Arc::new(TimersInner {
+                state: Mutex::new(TimersState {
+                    heap: Heap::new(),
+                    thread: None,
+                    closed: false,
+                }),
+                cond: Condvar::new(),
+                name: name.into(),
+            }),
+        }
+    }
+
+    /// Wakes `waker` once `deadline` has passed, unless the entry is
+    /// cancelled first. Fails only if the thread, not started yet, could
+    /// not be started (what the OS said); a later insert tries again.
+    pub fn insert(&self, deadline: Instant, waker: &Waker) -> Result<TimerKey, String> {
+        match insert(&self.inner, deadline, waker.clone()) {
+            Ok(key) => Ok(key),
+            Err(Refused::Unavailable(reason)) => Err(reason),
+            Err(Refused::Closed) => unreachable!("a `Timers` is closed only when dropped"),
+        }
+    }
+
+    /// Takes `key`'s entry out: `true` if it was pending (its waker is
+    /// dropped unwoken), `false` if it had fired or was cancelled already
+    /// (a firing may still be waking its waker).
+    pub fn cancel(&self, key: TimerKey) -> bool {
+        cancel(&self.inner, key)
+    }
+
+    /// Moves `key`'s pending entry to `deadline`, earlier or later, and
+    /// makes it wake `waker` (kept if it would wake the same task). `false`
+    /// if the entry is no longer pending: insert a new one.
+    pub fn reset(&self, key: TimerKey, deadline: Instant, waker: &Waker) -> bool {
+        let (earliest, old) = {
+            let mut st = self.inner.state.lock();
+            let Some(earliest) = st.heap.reset(key, deadline) else {
+                return false;
+            };
+            (earliest, replace_waker(&mut st.heap, key, waker))
+        };
+        if earliest {
+            self.inner.cond.notify_one();
+        }
+        drop(old);
+        true
+    }
+
+    /// Whether `key`'s entry is still pending (neither fired nor cancelled).
+    pub fn is_pending(&self, key: TimerKey) -> bool {
+        self.inner.state.lock().heap.position(key).is_some()
+    }
+
+    /// How many entries are pending.
+    pub fn len(&self) -> usize {
+        self.inner.state.lock().heap.len()
+    }
+
+    /// Whether no entry is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A future that is ready once `deadline` has passed (see [`Sleep`]).
+    pub fn sleep_until(&self, deadline: Instant) -> Sleep {
+        Sleep {
+            inner: Arc::clone(&self.inner),
+            deadline,
+            key: None,
+        }
+    }
+
+    /// A future that is ready once `duration` has passed from now; a
+    /// duration past what an `Instant` can hold sleeps for about 30 years.
+    pub fn sleep(&self, duration: Duration) -> Sleep {
+        let now = Instant::now();
+        self.sleep_until(now.checked_add(duration).unwrap_or_else(|| far_future(now)))
+    }
+
+    /// The largest buffer the heap holds, in entries.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.inner.state.lock().heap.capacity()
+    }
+
+    /// Whether the thread was started.
+    #[cfg(test)]
+    fn started(&self) -> bool {
+        self.inner.state.lock().thread.is_some()
+    }
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Timers::new()
+    }
+}
+
+impl Drop for Timers {
+    fn drop(&mut self) {
+        let (handle, pending) = {
+            let mut st = self.inner.state.lock();
+            st.closed = true;
+            (st.thread.take(), st.heap.take_all())
+        };
+        self.inner.cond.notify_one();
+        for waker in pending {
+            wake(waker);
+        }
+        if let Some(handle) = handle {
+            // A waker may drop the last owner on the thread itself: it
+            // exits by itself when it gets the lock back.
+            if handle.thread().id() != thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Timers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Timers")
+            .field("name", &self.inner.name)
+            .field("pending", &self.len())
+            .finish()
+    }
+}
+
+/// A time about 30 years after `now`: "never", for a deadline past what an
+/// `Instant` can hold.
+fn far_future(now: Instant) -> Instant {
+    const THIRTY_YEARS: Duration = Duration::from_secs(30 * 365 * 86_400);
+    now.checked_add(THIRTY_YEARS).unwrap_or(now)
+}
+
+/// Makes an entry pending, starting the thread if this is the first.
+fn insert(inner: &Arc<TimersInner>, deadline: Instant, waker: Waker) -> Result<TimerKey, Refused> {
+    let (key, earliest) = {
+        let mut st = inner.state.lock();
+        if st.closed {
+            return Err(Refused::Closed);
+        }
+        if st.thread.is_none() {
+            let theirs = Arc::clone(inner);
+            let handle = thread::Builder::new()
+                .name(inner.name.clone())
+                .spawn(move || run(&theirs))
+                .map_err(|e| Refused::Unavailable(e.to_string()))?;
+            st.thread = Some(handle);
+        }
+        st.heap.push(deadline, waker)
+    };
+    // After the change, under the lock, and before the thread can have
+    // begun a wait that misses it: see "No lost wake-up".
+    if earliest {
+        inner.cond.notify_one();
+    }
+    Ok(key)
+}
+
+fn cancel(inner: &TimersInner, key: TimerKey) -> bool {
+    let waker = inner.state.lock().heap.remove(key);
+    // Dropped outside the lock: a waker's drop may be anyone's code.
+    waker.is_some()
+}
+
+/// Makes `key`'s pending entry wake `waker`, returning the waker it
+/// replaced (to be dropped outside the lock).
+fn replace_waker(heap: &mut Heap, key: TimerKey, waker: &Waker) -> Option<Waker> {
+    let slot = heap.waker_mut(key)?;
+    if slot.will_wake(waker) {
+        return None;
+    }
+    Some(std::mem::replace(slot, waker.clone()))
+}
+
+/// Wakes `waker` on the thread or a closing caller: a panicking waker is
+/// somebody else's bug and must not stop the wake-ups after it.
+fn wake(waker: Waker) {
+    let _ = catch_unwind(AssertUnwindSafe(move || waker.wake()));
+}
+
+/// The thread: fire what is due, then wait for the earliest deadline.
+fn run(inner: &TimersInner) {
+    let mut due: Vec<Waker> = Vec::new();
+    let mut st = inner.state.lock();
+    loop {
+        if st.closed {
+            return;
+        }
+        let now = Instant::now();
+        while due.len() < FIRE_BATCH {
+            match st.heap.pop_due(now) {
+                Some(waker) => due.push(waker),
+                None => break,
+            }
+        }
+        if !due.is_empty() {
+            drop(st);
+            for waker in due.drain(..) {
+                wake(waker);
+            }
+            st = inner.state.lock();
+            continue;
+        }
+        st = match st.heap.earliest() {
+            // Not due, so after `now`.
+            Some(deadline) => inner.cond.wait_timeout(st, deadline - now).0,
+            None => inner.cond.wait(st),
+        };
+    }
+}
+
+/// A future that is ready once its deadline has passed
+/// ([`Timers::sleep_until`]).
+///
+/// Readiness is decided by the clock: a poll at or after the deadline is
+/// ready, before it registers the task's waker with the [`Timers`] (on the
+/// first poll, again only when the waker changed) and is pending. Dropping
+/// it takes its entry out. If the `Timers` was dropped first, the sleep
+/// is ready at once: nothing would wake it any more. If the `Timers` could
+/// not start its thread, the sleep wakes itself to be polled again (a busy
+/// wait, only while the OS refuses threads) rather than end early or never.
+#[cfg_attr(not(any(test, loom)), allow(dead_code))]
+#[allow(unreachable_pub)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Sleep {
+    inner: Arc<TimersInner>,
+    deadline: Instant,
+    key: Option<TimerKey>,
+}
+
+#[cfg_attr(not(any(test, loom)), allow(dead_code))]
+#[allow(unreachable_pub)]
+impl Sleep {
+    /// When the sleep ends.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Whether the deadline has passed.
+    pub fn is_elapsed(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
+    /// Moves the deadline, earlier or later, keeping the registered waker
+    /// (the sleep is not ready before the new deadline, even if the old one
+    /// passed).
+    pub fn reset(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        let Some(key) = self.key else { return };
+        let earliest = self.inner.state.lock().heap.reset(key, deadline);
+        match earliest {
+            Some(true) => self.inner.cond.notify_one(),
+            Some(false) => {}
+            // Fired already: the next poll inserts a new entry.
+            None => self.key = None,
+        }
+    }
+
+    fn unregister(&mut self) {
+        if let Some(key) = self.key.take() {
+            cancel(&self.inner, key);
+        }
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if Instant::now() >= this.deadline {
+            this.unregister();
+            return Poll::Ready(());
+        }
+        if let Some(key) = this.key {
+            let old = {
+                let mut st = this.inner.state.lock();
+                if st.heap.position(key).is_some() {
+                    Some(replace_waker(&mut st.heap, key, cx.waker()))
+                } else {
+                    None
+                }
+            };
+            match old {
+                Some(old) => {
+                    drop(old);
+                    return Poll::Pending;
+                }
+                None => this.key = None,
+            }
+        }
+        match insert(&this.inner, this.deadline, cx.waker().clone()) {
+            Ok(key) => {
+                this.key = Some(key);
+                Poll::Pending
+            }
+            Err(Refused::Closed) => Poll::Ready(()),
+            Err(Refused::Unavailable(_)) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        self.unregister();
+    }
+}
+
+impl fmt::Debug for Sleep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sleep")
+            .field("deadline", &self.deadline)
+            .field("registered", &self.key.is_some())
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Mutex as StdMutex;
+    use std::task::Wake;
+
+    /// Counts its wakes; unparks the thread that made it.
+    struct Flag {
+        woken: AtomicUsize,
+        thread: std::thread::Thread,
+    }
+
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.woken.fetch_add(1, SeqCst);
+            self.thread.unpark();
+        }
+    }
+
+    fn flag_waker() -> (Arc<Flag>, Waker) {
+        let flag = Arc::new(Flag {
+            woken: AtomicUsize::new(0),
+            thread: std::thread::current(),
+        });
+        let waker = Waker::from(Arc::clone(&flag));
+        (flag, waker)
+    }
+
+    fn noop() -> Waker {
+        flag_waker().1
+    }
+
+    /// Waits (parked, up to 10 s) until `done`; whether it came true.
+    fn eventually(mut done: impl FnMut() -> bool) -> bool {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            if Instant::now() >= give_up {
+                return false;
+            }
+            std::thread::park_timeout(Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// Drives `future` on this thread, parking between polls.
+    fn block_on<F: Future>(future: F) -> F::Output {
+        let (_, waker) = flag_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut future = std::pin::pin!(future);
+        loop {
+            if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                return out;
+            }
+            std::thread::park();
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A deterministic sequence (xorshift64) for the randomized tests.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Every entry's slot points at it, and no child is earlier than its
+    /// parent.
+    fn check_heap(h: &Heap) {
+        for (pos, e) in h.entries.iter().enumerate() {
+            assert_eq!(h.slots[e.slot].id, e.id);
+            assert_eq!(h.slots[e.slot].pos, pos);
+            if pos > 0 {
+                assert!(!h.earlier(pos, (pos - 1) / 2), "heap order broken at {pos}");
+            }
+        }
+        let live = h.slots.iter().filter(|s| s.id != 0).count();
+        assert_eq!(live, h.entries.len());
+        assert_eq!(live + h.free.len(), h.slots.len());
+    }
+
+    #[test]
+    fn the_heap_agrees_with_a_sorted_set() {
+        let base = Instant::now();
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut heap = Heap::new();
+        // The model: (deadline, id) of every pending entry, and its key.
+        let mut model: BTreeSet<(Instant, u64)> = BTreeSet::new();
+        let mut keys: Vec<(TimerKey, Instant)> = Vec::new();
+        let mut gone: Vec<TimerKey> = Vec::new();
+        for round in 0..20_000 {
+            match rng.below(10) {
+                0..=3 => {
+                    let at = base + Duration::from_micros(rng.below(1_000));
+                    let (key, earliest) = heap.push(at, noop());
+                    model.insert((at, key.id));
+                    assert_eq!(earliest, model.first() == Some(&(at, key.id)));
+                    keys.push((key, at));
+                }
+                4 | 5 if !keys.is_empty() => {
+                    let (key, at) = keys.swap_remove(rng.below(keys.len() as u64) as usize);
+                    assert!(heap.remove(key).is_some());
+                    assert!(model.remove(&(at, key.id)));
+                    gone.push(key);
+                }
+                6 if !keys.is_empty() => {
+                    let i = rng.below(keys.len() as u64) as usize;
+                    let (key, at) = keys[i];
+                    let to = base + Duration::from_micros(rng.below(1_000));
+                    let earliest = heap.reset(key, to).expect("pending");
+                    model.remove(&(at, key.id));
+                    model.insert((to, key.id));
+                    assert_eq!(earliest, model.first() == Some(&(to, key.id)));
+                    keys[i].1 = to;
+                }
+                7 => {
+                    let now = base + Duration::from_micros(rng.below(1_000));
+                    while heap.pop_due(now).is_some() {
+                        let first = model.pop_first().expect("the model has it");
+                        assert!(first.0 <= now);
+                        let i = keys.iter().position(|(k, _)| k.id == first.1).unwrap();
+                        gone.push(keys.swap_remove(i).0);
+                    }
+                    assert!(model.first().map_or(true, |f| f.0 > now));
+                }
+                _ => {
+                    // A stale key finds nothing, even where its slot is reused.
+                    if let Some(&key) = gone.last() {
+                        assert!(heap.position(key).is_none());
+                        assert!(heap.remove(key).is_none());
+                        assert!(heap.reset(key, base).is_none());
+                    }
+                }
+            }
+            assert_eq!(heap.len(), model.len());
+            assert_eq!(heap.earliest(), model.first().map(|f| f.0));
+            if round % 97 == 0 {
+                check_heap(&heap);
+            }
+        }
+        check_heap(&heap);
+    }
+
+    #[test]
+    fn equal_deadlines_fire_in_insertion_order() {
+        let at = Instant::now();
+        let mut heap = Heap::new();
+        let keys: Vec<TimerKey> = (0..50).map(|_| heap.push(at, noop()).0).collect();
+        let mut order = Vec::new();
+        while heap.len() > 0 {
+            let first = heap.entries[0].id;
+            heap.pop_due(at).unwrap();
+            order.push(first);
+        }
+        assert_eq!(order, keys.iter().map(|k| k.id).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_heap_gives_memory_back() {
+        let base = Instant::now();
+        let mut heap = Heap::new();
+        // A burst, cancelled.
+        let keys: Vec<TimerKey> = (0..10_000)
+            .map(|i| heap.push(base + Duration::from_micros(i % 977), noop()).0)
+            .collect();
+        assert!(heap.capacity() >= 10_000);
+        for (i, key) in keys.iter().enumerate() {
+            assert!(heap.remove(*key).is_some());
+            if i == 9_000 {
+                // Mostly drained: the heap's buffer followed.
+                assert!(heap.entries.capacity() <= 4 * 1_000);
+            }
+        }
+        assert!(heap.capacity() <= KEEP, "{}", heap.capacity());
+        // A burst, fired.
+        for i in 0..10_000 {
+            let _ = heap.push(base + Duration::from_micros(i % 977), noop());
+        }
+        while heap.pop_due(base + ms(1)).is_some() {}
+        assert_eq!(heap.len(), 0);
+        assert!(heap.capacity() <= KEEP, "{}", heap.capacity());
+        // A trickle keeps its small buffers.
+        let (key, _) = heap.push(base, noop());
+        let cap = heap.entries.capacity();
+        heap.remove(key);
+        let _ = heap.push(base, noop());
+        assert_eq!(heap.entries.capacity(), cap);
+    }
+
+    #[test]
+    fn many_deadlines_fire_in_order_and_not_early() {
+        let timers = Timers::with_name("tmr-order");
+        let fired: Arc<StdMutex<Vec<(usize, Instant)>>> = Arc::default();
+        let base = Instant::now() + ms(20);
+        let n = 300;
+        let mut deadlines = Vec::new();
+        for i in 0..n {
+            // Scattered over 30 ms, inserted out of order.
+            let at = base + Duration::from_micros((i as u64 * 7_919) % 30_000);
+            deadlines.push(at);
+            let fired = Arc::clone(&fired);
+            let waker = Waker::from(Arc::new(Record(i, fired)));
+            let _ = timers.insert(at, &waker).unwrap();
+        }
+        assert_eq!(timers.len(), n);
+        assert!(eventually(|| fired.lock().unwrap().len() == n));
+        let fired = fired.lock().unwrap().clone();
+        for (i, woken_at) in &fired {
+            assert!(*woken_at >= deadlines[*i], "entry {i} fired early");
+        }
+        for pair in fired.windows(2) {
+            assert!(
+                deadlines[pair[0].0] <= deadlines[pair[1].0],
+                "fired out of order"
+            );
+        }
+        assert!(timers.is_empty());
+    }
+
+    /// Records (its index, when) on wake.
+    struct Record(usize, Arc<StdMutex<Vec<(usize, Instant)>>>);
+
+    impl Wake for Record {
+        fn wake(self: Arc<Self>) {
+            self.1.lock().unwrap().push((self.0, Instant::now()));
+        }
+    }
+
+    #[test]
+    fn a_cancelled_entry_is_not_woken_and_its_waker_is_dropped() {
+        let timers = Timers::with_name("tmr-cancel");
+        let (flag, waker) = flag_waker();
+        let key = timers.insert(Instant::now() + ms(30), &waker).unwrap();
+        assert!(timers.is_pending(key));
+        assert_eq!(Arc::strong_count(&flag), 3, "the entry holds a clone");
+        assert!(timers.cancel(key));
+        assert!(!timers.cancel(key), "cancelled once");
+        assert!(!timers.is_pending(key));
+        assert_eq!(Arc::strong_count(&flag), 2, "the entry's clone dropped");
+        // Past the deadline, nothing comes.
+        let other = timers.insert(Instant::now() + ms(60), &noop()).unwrap();
+        assert!(eventually(|| !timers.is_pending(other)));
+        assert_eq!(flag.woken.load(SeqCst), 0);
+    }
+
+    #[test]
+    fn a_cancel_racing_the_firing_wakes_at_most_once() {
+        let timers = Arc::new(Timers::with_name("tmr-race"));
+        let per_thread = 400;
+        let outcomes: Vec<Vec<(bool, Arc<Flag>)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let timers = Arc::clone(&timers);
+                    s.spawn(move || {
+                        let mut rng = Rng(0x9e37_79b9 + t);
+                        (0..per_thread)
+                            .map(|_| {
+                                let (flag, waker) = flag_waker();
+                                let at = Instant::now() + Duration::from_micros(rng.below(300));
+                                let key = timers.insert(at, &waker).unwrap();
+                                drop(waker);
+                                // Cancel around the deadline: before, during
+                                // or after the firing.
+                                let spin = Instant::now() + Duration::from_micros(rng.below(400));
+                                while Instant::now() < spin {
+                                    std::hint::spin_loop();
+                                }
+                                (timers.cancel(key), flag)
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        // Joins the thread: every firing has finished waking.
+        drop(Arc::into_inner(timers).expect("the last owner"));
+        let (mut cancelled, mut fired) = (0, 0);
+        for (was_cancelled, flag) in outcomes.into_iter().flatten() {
+            let woken = flag.woken.load(SeqCst);
+            if was_cancelled {
+                assert_eq!(woken, 0, "cancelled yet woken");
+                cancelled += 1;
+            } else {
+                assert_eq!(woken, 1, "fired but woken {woken} times");
+                fired += 1;
+            }
+            assert_eq!(Arc::strong_count(&flag), 1, "a waker was kept");
+        }
+        assert_eq!(cancelled + fired, 4 * per_thread);
+    }
+
+    #[test]
+    fn re_arming_moves_the_wake_up_earlier_or_later() {
+        let timers = Timers::with_name("tmr-rearm");
+        // Earlier: from an hour away to now-ish, while the thread sleeps on it.
+        let (early, waker) = flag_waker();
+        let key = timers
+            .insert(Instant::now() + Duration::from_secs(3600), &waker)
+            .unwrap();
+        std::thread::sleep(ms(10));
+        assert!(timers.reset(key, Instant::now() + ms(5), &waker));
+        assert!(eventually(|| early.woken.load(SeqCst) == 1));
+        assert!(!timers.is_pending(key));
+        // A fired entry is not re-armed: insert again.
+        assert!(!timers.reset(key, Instant::now(), &waker));
+
+        // Later: from soon to an hour away; it stays pending past the first.
+        let (late, waker) = flag_waker();
+        let key = timers.insert(Instant::now() + ms(20), &waker).unwrap();
+        assert!(timers.reset(key, Instant::now() + Duration::from_secs(3600), &waker));
+        let witness = timers.insert(Instant::now() + ms(40), &noop()).unwrap();
+        assert!(eventually(|| !timers.is_pending(witness)));
+        assert!(timers.is_pending(key));
+        assert_eq!(late.woken.load(SeqCst), 0);
+
+        // A re-arm with another waker wakes that one.
+        let (other, other_waker) = flag_waker();
+        assert!(timers.reset(key, Instant::now(), &other_waker));
+        assert!(eventually(|| other.woken.load(SeqCst) == 1));
+        assert_eq!(late.woken.load(SeqCst), 0);
+        assert_eq!(
+            Arc::strong_count(&late),
+            2,
+            "the replaced waker was dropped"
+        );
+    }
+
+    #[test]
+    fn an_earlier_entry_wakes_the_sleeping_thread() {
+        let timers = Timers::with_name("tmr-earlier");
+        let far = timers
+            .insert(Instant::now() + Duration::from_secs(3600), &noop())
+            .unwrap();
+        // Let the thread settle into its hour-long wait.
+        std::thread::sleep(ms(20));
+        let (flag, waker) = flag_waker();
+        let _ = timers.insert(Instant::now() + ms(1), &waker).unwrap();
+        assert!(eventually(|| flag.woken.load(SeqCst) == 1));
+        assert!(timers.is_pending(far));
+    }
+
+    /// The threads of this process named `name` (Linux: `/proc`).
+    #[cfg(target_os = "linux")]
+    fn threads_named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
+    #[test]
+    fn the_thread_starts_on_first_use_and_exits_on_drop() {
+        let name = "tmr-lifecycle";
+        let timers = Timers::with_name(name);
+        let sleep = timers.sleep_until(Instant::now());
+        block_on(sleep); // already due: no entry, no thread
+        assert!(!timers.started());
+        let _ = timers.insert(Instant::now() + ms(1), &noop()).unwrap();
+        assert!(timers.started());
+        // The thread names itself once it runs.
+        #[cfg(target_os = "linux")]
+        assert!(eventually(|| threads_named(name) == 1));
+        drop(timers);
+        #[cfg(target_os = "linux")]
+        assert_eq!(threads_named(name), 0, "the thread outlived its Timers");
+    }
+
+    #[test]
+    fn dropping_the_timers_wakes_what_is_pending() {
+        let timers = Timers::with_name("tmr-close");
+        let (flag, waker) = flag_waker();
+        let key = timers
+            .insert(Instant::now() + Duration::from_secs(3600), &waker)
+            .unwrap();
+        let mut sleep = timers.sleep(Duration::from_secs(3600));
+        let (sleeper, sleeper_waker) = flag_waker();
+        let mut cx = Context::from_waker(&sleeper_waker);
+        assert!(Pin::new(&mut sleep).poll(&mut cx).is_pending());
+        drop(timers);
+        assert_eq!(flag.woken.load(SeqCst), 1);
+        assert_eq!(sleeper.woken.load(SeqCst), 1);
+        // The sleep ends: nothing would wake it any more.
+        assert!(Pin::new(&mut sleep).poll(&mut cx).is_ready());
+        let _ = key;
+    }
+
+    #[test]
+    fn a_waker_may_drop_the_timers_on_its_thread() {
+        let name = "tmr-self-drop";
+        let slot: Arc<StdMutex<Option<Timers>>> = Arc::new(StdMutex::new(None));
+        struct DropTimers(Arc<StdMutex<Option<Timers>>>);
+        impl Wake for DropTimers {
+            fn wake(self: Arc<Self>) {
+                drop(self.0.lock().unwrap().take());
+            }
+        }
+        let timers = Timers::with_name(name);
+        let waker = Waker::from(Arc::new(DropTimers(Arc::clone(&slot))));
+        let _ = timers.insert(Instant::now(), &waker).unwrap();
+        drop(waker);
+        *slot.lock().unwrap() = Some(timers);
+        assert!(eventually(|| slot.lock().unwrap().is_none()));
+        #[cfg(target_os = "linux")]
+        assert!(
+            eventually(|| threads_named(name) == 0),
+            "the thread did not exit"
+        );
+    }
+
+    #[test]
+    fn a_panicking_waker_does_not_stop_the_others() {
+        struct Bomb;
+        impl Wake for Bomb {
+            fn wake(self: Arc<Self>) {
+                panic!("a waker that panics");
+            }
+        }
+        let timers = Timers::with_name("tmr-bomb");
+        let now = Instant::now();
+        let _ = timers.insert(now, &Waker::from(Arc::new(Bomb))).unwrap();
+        let (flag, waker) = flag_waker();
+        let _ = timers.insert(now + ms(1), &waker).unwrap();
+        assert!(eventually(|| flag.woken.load(SeqCst) == 1));
+    }
+
+    #[test]
+    fn capacity_shrinks_after_a_burst() {
+        let timers = Timers::with_name("tmr-shrink");
+        let at = Instant::now() + ms(5);
+        for _ in 0..5_000 {
+            let _ = timers.insert(at, &noop()).unwrap();
+        }
+        assert!(timers.capacity() >= 5_000);
+        assert!(eventually(|| timers.is_empty()));
+        assert!(timers.capacity() <= KEEP, "{}", timers.capacity());
+    }
+
+    #[test]
+    fn a_sleep_waits_for_its_deadline() {
+        let timers = Timers::with_name("tmr-sleep");
+        let deadline = Instant::now() + ms(15);
+        block_on(timers.sleep_until(deadline));
+        assert!(Instant::now() >= deadline);
+        assert!(timers.is_empty());
+        // A duration too large for an `Instant` saturates.
+        let sleep = timers.sleep(Duration::MAX);
+        assert!(sleep.deadline() > Instant::now() + Duration::from_secs(365 * 86_400));
+    }
+
+    #[test]
+    fn a_sleep_registers_once_follows_its_waker_and_unregisters_on_drop() {
+        let timers = Timers::with_name("tmr-sleep-reg");
+        let mut sleep = timers.sleep(ms(40));
+        let (first, first_waker) = flag_waker();
+        let (second, second_waker) = flag_waker();
+        assert!(Pin::new(&mut sleep)
+            .poll(&mut Context::from_waker(&first_waker))
+            .is_pending());
+        assert_eq!(timers.len(), 1);
+        // The same waker again: nothing changes.
+        assert!(Pin::new(&mut sleep)
+            .poll(&mut Context::from_waker(&first_waker))
+            .is_pending());
+        assert_eq!(timers.len(), 1);
+        // Moved to another task: that one is woken, the first is let go.
+        assert!(Pin::new(&mut sleep)
+            .poll(&mut Context::from_waker(&second_waker))
+            .is_pending());
+        assert_eq!(timers.len(), 1);
+        assert_eq!(Arc::strong_count(&first), 2, "the first waker was dropped");
+        assert!(eventually(|| second.woken.load(SeqCst) == 1));
+        assert_eq!(first.woken.load(SeqCst), 0);
+        assert!(Pin::new(&mut sleep)
+            .poll(&mut Context::from_waker(&second_waker))
+            .is_ready());
+
+        // Dropped while pending: the entry goes.
+        let mut sleep = timers.sleep(Duration::from_secs(3600));
+        assert!(Pin::new(&mut sleep)
+            .poll(&mut Context::from_waker(&first_waker))
+            .is_pending());
+        assert_eq!(timers.len(), 1);
+        drop(sleep);
+        assert!(timers.is_empty());
+        assert_eq!(Arc::strong_count(&first), 2);
+    }
+
+    #[test]
+    fn a_sleep_can_be_reset() {
+        let timers = Timers::with_name("tmr-sleep-reset");
+        let mut sleep = timers.sleep(Duration::from_secs(3600));
+        let (flag, waker) = flag_waker();
+        assert!(Pin::new(&mut sleep)
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+        sleep.reset(Instant::now() + ms(5));
+        assert!(eventually(|| flag.woken.load(SeqCst) == 1));
+        assert!(sleep.is_elapsed());
+        assert!(Pin::new(&mut sleep)
+            .poll(&mut Context::from_waker(&waker))
+            .is_ready());
+        // Reset later after it ended: pending again, until the new deadline.
+        sleep.reset(Instant::now() + ms(10));
+        assert!(!sleep.is_elapsed());
+        block_on(&mut sleep);
+        assert!(sleep.is_elapsed());
+    }
+
+    #[test]
+    fn sleeps_run_under_tokio() {
+        let timers = Arc::new(Timers::with_name("tmr-tokio"));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..200u64)
+                .map(|i| {
+                    let timers = Arc::clone(&timers);
+                    tokio::spawn(async move {
+                        let deadline = start + Duration::from_micros(i * 97 % 20_000);
+                        timers.sleep_until(deadline).await;
+                        assert!(Instant::now() >= deadline);
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            // Cancelled by the runtime's timeout: the entry goes with it.
+            let long = timers.sleep(Duration::from_secs(3600));
+            assert!(tokio::time::timeout(ms(5), long).await.is_err());
+        });
+        assert!(timers.is_empty());
+        assert!(timers.capacity() <= KEEP);
+    }
+
+    #[test]
+    fn timers_and_sleeps_cross_threads() {
+        fn check<T: Send + Sync>() {}
+        check::<Timers>();
+        check::<Sleep>();
+        check::<TimerKey>();
     }
 }
