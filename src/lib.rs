@@ -458,6 +458,7 @@ pub use crate::metrics::DEFAULT_METRICS_SAMPLING;
 #[doc(hidden)]
 pub mod __loom {
     pub use crate::pool::inbox::Inbox;
+    pub use crate::timer::{Sleep, TimerKey, Timers};
 }
 
 /// The README's examples, compiled and run as doctests.
