@@ -1,7 +1,8 @@
 #![cfg(loom)]
 //! Loom models of the mailbox waker: a wake from another thread during the
 //! poll, after it, and after the message completed; and a wake racing the
-//! fairness re-queue of the same mailbox (throughput 1).
+//! fairness re-queue of the same mailbox (throughput 1); and a port's turn
+//! taking what its inbox held when it began, against a push racing it.
 //!
 //! Double scheduling is caught by the mailbox's own debug assertion (a
 //! popped mailbox must be `SCHEDULED`; these models are built with
@@ -16,9 +17,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize as StdCounter, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize as StdCounter, Ordering::Relaxed, Ordering::SeqCst};
 
-use common::{assert_all_seen, executor, model, Event, Fixed, Gate, Log, Msg, Script, LONG};
+use common::{assert_all_seen, executor, model, Event, Fixed, Gate, Latch, Log, Msg, Script, LONG};
+use loom::sync::atomic::AtomicBool;
+use loom::sync::Arc;
 use loom::thread;
 
 /// One worker. Message 1's future parks its waker and returns `Pending`; a
@@ -128,3 +131,83 @@ fn fairness_requeue_vs_wake() {
 }
 
 static FAIRNESS: [StdCounter; 2] = [StdCounter::new(0), StdCounter::new(0)];
+
+/// One worker, throughput 1: a port's turn takes what its inbox held when
+/// it began, and a push racing the turn's mark waits for the next turn,
+/// whoever re-queues the port. Message 1 (key 2) blocks the worker in the
+/// port's slot; meanwhile messages 2, 3 and 5 (key 0) are submitted, and
+/// a loom thread submits message 4 (key 1) while the main thread lets 1
+/// return. The next turn runs 2 in the slot (key 0's turn) and gives key
+/// 0 a mailbox with 3 and 5 queued, at the back of the worker's queue.
+///
+/// Fairness: if 4 was in the inbox before 1 was let go (so before the
+/// next turn began), key 0 runs one turn (message 2) before key 1, not
+/// two: 4 starts before 3. (A turn cut after two deliveries fails here:
+/// key 0's mailbox runs 3 before the port comes back for 4.) ("Before" is seen through a loom atomic that
+/// the submitter sets after its submit and the main thread reads before
+/// it opens the latch, so that loom orders the push before the turn.)
+/// Either way every message runs once, per-key order holds, and nothing
+/// is left.
+#[test]
+fn fairness_turn_mark_vs_push() {
+    model("fairness_turn_mark_vs_push", || {
+        let log = Log::new();
+        let latch = Latch::new();
+        let ex = executor(1, 1);
+        let d = ex
+            .dispatcher_builder(Script::new(&log))
+            .hasher(Fixed::default())
+            .build();
+        let r = d.receiver(8).unwrap();
+        let first = r.submit_blocking(2, Msg::blocked(1, &latch)).unwrap();
+        latch.wait_entered();
+        let second = r.submit_blocking(0, Msg::now(2)).unwrap();
+        let third = r.submit_blocking(0, Msg::now(3)).unwrap();
+        let fifth = r.submit_blocking(0, Msg::now(5)).unwrap();
+        let r = std::sync::Arc::new(r);
+        let pushed = Arc::new(AtomicBool::new(false));
+        let (r2, p2) = (r.clone(), pushed.clone());
+        let cold = thread::spawn(move || {
+            let done = r2.submit_blocking(1, Msg::now(4)).unwrap();
+            p2.store(true, SeqCst);
+            done
+        });
+        let queued_before = pushed.load(SeqCst);
+        latch.open();
+        let fourth = cold.join().unwrap();
+        assert_eq!(first.wait().unwrap(), 1);
+        assert_eq!(second.wait().unwrap(), 2);
+        assert_eq!(third.wait().unwrap(), 3);
+        assert_eq!(fourth.wait().unwrap(), 4);
+        assert_eq!(fifth.wait().unwrap(), 5);
+        assert!(ex.shutdown(LONG));
+        log.assert_serial();
+        let start = |id| log.position(Event::Start(id));
+        assert!(start(2) < start(3) && start(3) < start(5));
+        if queued_before {
+            assert!(
+                start(4) < start(3),
+                "key 1 waited behind two turns of key 0: {:?}",
+                log.events()
+            );
+        }
+        MARK_VS_PUSH[usize::from(queued_before)].fetch_add(1, Relaxed);
+        assert_eq!(d.live_mailboxes(), 0);
+        assert_eq!(r.in_flight(), 0);
+    });
+    assert_all_seen(
+        "fairness_turn_mark_vs_push",
+        &[
+            (
+                "key 1 submitted as message 1 was let go, or after",
+                &MARK_VS_PUSH[0],
+            ),
+            (
+                "key 1 in the inbox before message 1 was let go",
+                &MARK_VS_PUSH[1],
+            ),
+        ],
+    );
+}
+
+static MARK_VS_PUSH: [StdCounter; 2] = [StdCounter::new(0), StdCounter::new(0)];

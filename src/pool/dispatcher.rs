@@ -21,13 +21,32 @@
 //! The port's runner owns its mailboxes: the port's map (key → mailbox,
 //! keyed by the submitter's hash) lives under the port's *gate*, a lock
 //! the runner takes per delivery and that stops, retirement and takeovers
-//! take to touch the port. A port's turn takes up to `PORT_BATCH`
-//! deliveries in order; each finds or creates its key's mailbox and is
-//! offered to it (`Mailbox::offer`): an idle mailbox with budget left in
-//! its turn runs the message at once, with the gate released; otherwise
-//! the message joins the mailbox's queue (and a mailbox revived with its
-//! turn spent goes to the back of the worker's queue). A port with
-//! deliveries left re-queues itself behind the worker's other tasks.
+//! take to touch the port. A port's turn takes its deliveries in order:
+//! one for a key with a mailbox joins that mailbox's queue; one for a key
+//! without runs at once in the port's slot, with the gate released, if
+//! the key has `throughput` left in its turn (see [`Turns`]), and
+//! otherwise gets a mailbox with the message queued, at the back of the
+//! worker's queue.
+//!
+//! # Fairness: a turn takes what its inbox held when it began
+//!
+//! A turn begins with a mark of its inbox's tail (`Inbox::mark`) and takes
+//! every delivery claimed before it, however many (the credit of the
+//! sources bounds them); what is pushed after the mark waits for the
+//! port's next turn, which the port queues behind the worker's other
+//! tasks. A mailbox the turn gives a queued message (a key whose turn was
+//! spent in the slot) or that yields meanwhile goes to the back of the
+//! worker's queue while the turn still runs, so it gets no second turn
+//! before the turn has delivered everything that was waiting when it
+//! began. That is the fairness bound for messages still in the inbox: a
+//! key whose message waited there runs after at most one turn of each
+//! busier key, whatever the backlog ahead of it. (Cut after a fixed number
+//! of deliveries, a turn would let the mailboxes it made run a second turn
+//! before it came back for the rest.) A delivery claimed before the mark
+//! but not yet written ends the turn early: its producer schedules the
+//! port again, as after any push. A turn lets its gate go every
+//! `GATE_HOLD` deliveries, so that a stop or a retiring mailbox never
+//! waits for a whole backlog.
 //!
 //! A bucket keeps the port it was placed on for the dispatcher's life.
 //! Port `p` belongs to worker `p`: its task is queued there, and its
@@ -91,7 +110,7 @@ use crate::completion::{Outcome, Slot};
 use crate::error::{ConfigError, Panic, TaskError};
 use crate::pool::executor::{KeyedExecutor, Shared};
 use crate::pool::handler::Handler;
-use crate::pool::inbox::Inbox;
+use crate::pool::inbox::{Inbox, Popped};
 use crate::pool::mailbox::{Envelope, Held, Mailbox, Stamp, Step};
 use crate::pool::observe::Identity;
 #[cfg(not(loom))]
@@ -111,14 +130,12 @@ type PaddedPort<K, M, H, S> = CachePadded<Port<K, M, H, S>>;
 pub(crate) type MailboxRef<K, M, H, S> = Arc<Mailbox<K, M, H, S>>;
 type Keys<K, M, H, S> = HashMap<Hashed<K>, MailboxRef<K, M, H, S>, BuildHasherDefault<PassThrough>>;
 
-/// Deliveries a port takes per turn before letting the worker's other
-/// tasks run.
-#[cfg(not(loom))]
-const PORT_BATCH: usize = 64;
-/// Under loom two per turn, so that a port re-queues itself with deliveries
-/// left (models with three or more messages to one worker explore that).
-#[cfg(loom)]
-const PORT_BATCH: usize = 2;
+/// Deliveries a port's turn takes in a row before it lets its gate go
+/// for a moment (a stop, a retiring mailbox or a look for a takeover may
+/// be waiting for it); the turn goes on after. (Loom models never reach
+/// it: each lock is a scheduling point, and the turn owns nothing at that
+/// moment that another thread could take.)
+const GATE_HOLD: usize = 64;
 
 /// Port states.
 const PORT_IDLE: usize = 0;
@@ -332,11 +349,13 @@ impl<K> Hash for dyn KeyProbe<K> + '_ {
 /// number: a record made in task `t` goes to table `t & 1`, emptied (by a
 /// generation bump) when task `t` first writes to it; so table `t & 1`
 /// holds task `t`'s keys and the other one task `t - 1`'s, if that task
-/// wrote any. At most `PORT_BATCH` keys are recorded per task, so a table
-/// (of `TURN_SLOTS` slots) stays at most a quarter full and lookups are
-/// exact.
+/// wrote any. A port's turn records every key it runs in the slot, and
+/// takes as many deliveries as its inbox held: a table grows (doubling)
+/// to stay at most a quarter full, so lookups stay exact and short, and
+/// goes back to `TURN_SLOTS` slots when it is emptied after a task that
+/// recorded few keys.
 struct Turns {
-    tables: Box<[TurnTable; 2]>,
+    tables: [TurnTable; 2],
 }
 
 struct TurnTable {
@@ -344,7 +363,10 @@ struct TurnTable {
     tick: u32,
     /// Entries of another generation are empty.
     generation: u32,
-    slots: [TurnSlot; TURN_SLOTS],
+    /// Entries of this generation.
+    len: usize,
+    /// A power of two, at least `TURN_SLOTS`.
+    slots: Box<[TurnSlot]>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -354,17 +376,27 @@ struct TurnSlot {
     generation: u32,
 }
 
-/// Slots per [`TurnTable`] (a power of two, four times `PORT_BATCH`: a
-/// lookup of a key that is not there usually stops at its first slot).
+/// Slots of an empty [`TurnTable`] (a power of two): 64 keys a task
+/// before it grows.
 const TURN_SLOTS: usize = 256;
 
-const _: () = assert!(TURN_SLOTS >= 2 * PORT_BATCH && TURN_SLOTS.is_power_of_two());
+const _: () = assert!(TURN_SLOTS.is_power_of_two());
 
 impl TurnTable {
+    fn new() -> Self {
+        TurnTable {
+            tick: u32::MAX,
+            generation: 1,
+            len: 0,
+            slots: vec![TurnSlot::default(); TURN_SLOTS].into_boxed_slice(),
+        }
+    }
+
     /// The slot of `hash`, or the empty one it would go in.
     #[inline]
     fn find(&self, hash: u64) -> (usize, bool) {
-        let mut at = hash as usize & (TURN_SLOTS - 1);
+        let mask = self.slots.len() - 1;
+        let mut at = hash as usize & mask;
         loop {
             let s = &self.slots[at];
             if s.generation != self.generation {
@@ -373,20 +405,50 @@ impl TurnTable {
             if s.hash == hash {
                 return (at, true);
             }
-            at = (at + 1) & (TURN_SLOTS - 1);
+            at = (at + 1) & mask;
+        }
+    }
+
+    /// Empties the table: a new generation, and the small size again if
+    /// the last task recorded few keys.
+    fn clear(&mut self) {
+        if self.slots.len() > TURN_SLOTS && self.len <= TURN_SLOTS / 4 {
+            *self = TurnTable {
+                tick: self.tick,
+                ..TurnTable::new()
+            };
+            return;
+        }
+        self.len = 0;
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            // Wrapped: a slot last written 2^32 generations ago would look
+            // current. Clear them all, once in a long while.
+            self.slots.fill(TurnSlot::default());
+            self.generation = 1;
+        }
+    }
+
+    /// Doubles the table, keeping this generation's entries.
+    #[cold]
+    fn grow(&mut self) {
+        let bigger = vec![TurnSlot::default(); self.slots.len() * 2].into_boxed_slice();
+        let old = std::mem::replace(&mut self.slots, bigger);
+        let generation = self.generation;
+        // The new slots are all of generation 0: empty unless it is 0,
+        // which `clear` never leaves.
+        debug_assert_ne!(generation, 0);
+        for s in old.iter().filter(|s| s.generation == generation) {
+            let (at, _) = self.find(s.hash);
+            self.slots[at] = *s;
         }
     }
 }
 
 impl Turns {
     fn new() -> Self {
-        let table = || TurnTable {
-            tick: u32::MAX,
-            generation: 1,
-            slots: [TurnSlot::default(); TURN_SLOTS],
-        };
         Turns {
-            tables: Box::new([table(), table()]),
+            tables: [TurnTable::new(), TurnTable::new()],
         }
     }
 
@@ -394,7 +456,7 @@ impl Turns {
     /// numbers these are not).
     fn forget(&mut self) {
         for table in self.tables.iter_mut() {
-            table.generation = table.generation.wrapping_add(1);
+            table.clear();
         }
     }
 
@@ -419,10 +481,17 @@ impl Turns {
     fn record(&mut self, hash: u64, spent: u32, tick: u32) {
         let table = &mut self.tables[(tick & 1) as usize];
         if table.tick != tick {
+            table.clear();
             table.tick = tick;
-            table.generation = table.generation.wrapping_add(1);
         }
-        let (at, _) = table.find(hash);
+        let (mut at, found) = table.find(hash);
+        if !found {
+            if (table.len + 1) * 4 > table.slots.len() {
+                table.grow();
+                at = table.find(hash).0;
+            }
+            table.len += 1;
+        }
         table.slots[at] = TurnSlot {
             hash,
             spent,
@@ -496,6 +565,9 @@ struct Gate<K, M, H: Handler<K, M>, S> {
     epoch: u32,
     /// The worker whose turn it is (or was last).
     runner: usize,
+    /// The inbox's mark when the turn began: the turn takes the deliveries
+    /// claimed before it (see "Fairness"); a takeover goes on to the same.
+    until: usize,
     /// Free mailboxes for keys that get one.
     spares: Vec<MailboxRef<K, M, H, S>>,
     /// Deliveries a source stop took out of the inbox to hand back its own
@@ -1061,13 +1133,14 @@ where
         }
     }
 
-    /// Port `p`'s turn on `cx`'s worker: take up to `PORT_BATCH` deliveries
-    /// in order (see the module docs and `mailbox.rs`).
+    /// Port `p`'s turn on `cx`'s worker: take the deliveries its inbox
+    /// holds now, in order (see "Fairness" and `mailbox.rs`).
     fn run_port(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
         let port = &this.ports[p];
         port.state.store(PORT_RUNNING, SeqCst);
         cx.port_turn(Some(p));
         let mut gate = port.gate.lock();
+        gate.until = port.inbox.mark();
         if gate.runner != cx.index {
             // Taken from a stuck worker (or back from one): the turn
             // records were the other worker's tasks'.
@@ -1126,26 +1199,43 @@ where
         let port = &this.ports[p];
         let throughput = this.shared.config.throughput as u32;
         let tick = cx.tick();
-        let mut more = true;
-        for _ in 0..PORT_BATCH {
+        // Whether the turn stopped at its mark with deliveries maybe left.
+        let mut more = false;
+        let mut held = 0;
+        loop {
             if gate.closed {
-                more = false;
                 break;
             }
+            held += 1;
+            if held > GATE_HOLD {
+                // Nothing is lent: the turn cannot be taken over meanwhile.
+                drop(gate);
+                gate = port.gate.lock();
+                held = 1;
+                if gate.closed {
+                    break;
+                }
+            }
+            // Deliveries a source stop took out of the inbox first: they
+            // were there before any the inbox still holds.
             let next = match gate.deferred.pop_front() {
                 Some(d) => {
                     if gate.deferred.is_empty() {
                         port.deferred.store(false, Relaxed);
                     }
-                    Some(d)
+                    d
                 }
                 // SAFETY: we hold the gate: the only consumer.
-                None => unsafe { port.inbox.pop_stamped() },
+                None => match unsafe { port.inbox.pop_before(gate.until) } {
+                    Popped::Value(d, stamp) => (d, stamp),
+                    Popped::Past => {
+                        more = true;
+                        break;
+                    }
+                    Popped::Unwritten => break,
+                },
             };
-            let Some((Delivery { key, hash, env }, stamp)) = next else {
-                more = false;
-                break;
-            };
+            let (Delivery { key, hash, env }, stamp) = next;
             let b = this.bucket_of(hash);
             if env.held.source.get().is_stopped() {
                 // Its source is stopping: hand it back, do not start it.
@@ -1273,7 +1363,9 @@ where
         drop(gate);
         cx.port_turn(None);
         if more {
-            // Fairness: let the worker's other tasks run, then come back.
+            // Fairness: what was pushed during the turn waits behind the
+            // worker's other tasks, the mailboxes this turn queued
+            // included (see "Fairness").
             port.state.store(PORT_SCHEDULED, SeqCst);
             cx.requeue_local(Task::tagged(this.clone(), p));
             return;
@@ -2031,6 +2123,7 @@ where
                             lent: None,
                             epoch: 0,
                             runner: p,
+                            until: 0,
                             spares: Vec::new(),
                             deferred: VecDeque::new(),
                         })),
@@ -2050,5 +2143,42 @@ where
         Dispatcher {
             core: Box::new(handle),
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Scrambled, distinct hashes (a turn's keys).
+    fn hashes(n: u64) -> impl Iterator<Item = u64> {
+        (1..=n).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    #[test]
+    fn a_task_records_any_number_of_keys_exactly_and_the_tables_shrink_back() {
+        let mut turns = Turns::new();
+        // One task (a turn of a long backlog) records 10,000 keys.
+        for (i, h) in hashes(10_000).enumerate() {
+            turns.record(h, (i % 4) as u32 + 1, 7);
+        }
+        assert!(turns.tables[1].slots.len() >= 4 * 10_000);
+        for (i, h) in hashes(10_000).enumerate() {
+            assert_eq!(turns.spent(h, 7), (i % 4) as u32 + 1, "in its own task");
+            assert_eq!(turns.spent(h, 8), (i % 4) as u32 + 1, "in the next task");
+            assert_eq!(turns.spent(h, 9), 0, "two tasks later: a fresh turn");
+        }
+        assert_eq!(turns.spent(12345, 7), 0, "a key not recorded");
+        // Task 9 writes table 1 again: emptied, and small again once the
+        // task after a small one empties it.
+        turns.record(1, 1, 9);
+        assert_eq!(turns.spent(hashes(1).next().unwrap(), 9), 0);
+        assert!(turns.tables[1].slots.len() > TURN_SLOTS, "emptied, kept");
+        turns.record(1, 2, 11);
+        assert_eq!(turns.tables[1].slots.len(), TURN_SLOTS, "back to small");
+        assert_eq!(turns.spent(1, 11), 2);
+        assert_eq!(turns.spent(1, 12), 2);
+        turns.forget();
+        assert_eq!(turns.spent(1, 12), 0);
     }
 }

@@ -86,6 +86,18 @@ struct Head<T, const CAP: usize> {
     block: UnsafeCell<*mut Block<T, CAP>>,
 }
 
+/// What [`Inbox::pop_before`] found.
+pub(crate) enum Popped<T> {
+    /// The oldest value, with its metrics stamp.
+    Value(T, crate::metrics::Stamp),
+    /// Every value claimed before the mark was taken.
+    Past,
+    /// The oldest value before the mark is claimed but not written yet
+    /// (its producer, which checks the port's state after its push, sees
+    /// to the port being scheduled again).
+    Unwritten,
+}
+
 /// See the module docs.
 /// `CAP` slots a block (see [`BLOCK_CAP`]).
 // `pub` (in a private module) so that `loom-tests` can model it through
@@ -256,6 +268,49 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
     #[inline]
     pub(crate) unsafe fn pop_stamped(&self) -> Option<(T, crate::metrics::Stamp)> {
         let index = self.head.index.load(Relaxed);
+        // SAFETY: our caller's contract.
+        unsafe { self.pop_at(index) }
+    }
+
+    /// Where the values pushed so far end: the index the next push claims.
+    /// [`pop_before`](Self::pop_before) takes only values claimed before
+    /// it (a port's turn takes what its inbox held when the turn began).
+    /// SeqCst, like the producers' claims: the mark is past every claim
+    /// that precedes it in the SeqCst order (under loom, too, which
+    /// otherwise lets a load read any older claim).
+    #[inline]
+    pub(crate) fn mark(&self) -> usize {
+        self.tail.index.load(SeqCst)
+    }
+
+    /// [`pop_stamped`](Self::pop_stamped), unless the oldest value was
+    /// claimed at or after `mark` (a [`mark`](Self::mark) taken earlier):
+    /// then [`Popped::Past`]. Indices only grow (a `usize` does not wrap in
+    /// the life of a process), and the consumer's index jumps over a
+    /// block's marker as the producers' does, so "claimed before the mark"
+    /// is `index < mark`.
+    ///
+    /// # Safety
+    /// As for `pop`.
+    #[inline]
+    pub(crate) unsafe fn pop_before(&self, mark: usize) -> Popped<T> {
+        let index = self.head.index.load(Relaxed);
+        if index >= mark {
+            return Popped::Past;
+        }
+        // SAFETY: our caller's contract.
+        match unsafe { self.pop_at(index) } {
+            Some((value, stamp)) => Popped::Value(value, stamp),
+            None => Popped::Unwritten,
+        }
+    }
+
+    /// Pops the value at the consumer's `index` (just loaded) if written.
+    ///
+    /// # Safety
+    /// As for `pop`.
+    #[inline]
+    unsafe fn pop_at(&self, index: usize) -> Option<(T, crate::metrics::Stamp)> {
         let offset = index % Self::LAP;
         debug_assert!(offset < CAP, "head never rests on the marker");
         // SAFETY: consumer-only cell (caller's contract).
@@ -356,6 +411,43 @@ mod tests {
             assert_eq!(*unsafe { q.pop() }.unwrap(), i);
         }
         drop(q); // the remaining boxes are freed (Miri checks the leak)
+    }
+
+    #[test]
+    fn pop_before_takes_only_what_was_claimed_before_the_mark() {
+        let q: Inbox<usize> = Inbox::new();
+        // A block full: the mark stands at the next block's first slot.
+        for i in 0..BLOCK_CAP {
+            q.push(i);
+        }
+        assert_eq!(q.mark(), BLOCK_CAP + 1);
+        // A mark taken while the next block was being linked (the marker
+        // index) stands between the same two values.
+        let mark = BLOCK_CAP;
+        for i in 0..5 {
+            q.push(100 + i);
+        }
+        let taken: Vec<usize> = std::iter::from_fn(|| {
+            // SAFETY: the only consumer.
+            match unsafe { q.pop_before(mark) } {
+                Popped::Value(v, _) => Some(v),
+                Popped::Past => None,
+                Popped::Unwritten => panic!("every value is written"),
+            }
+        })
+        .collect();
+        assert_eq!(taken, (0..BLOCK_CAP).collect::<Vec<_>>());
+        let mark = q.mark();
+        // SAFETY: the only consumer.
+        let rest: Vec<usize> = std::iter::from_fn(|| match unsafe { q.pop_before(mark) } {
+            Popped::Value(v, _) => Some(v),
+            _ => None,
+        })
+        .collect();
+        assert_eq!(rest, (100..105).collect::<Vec<_>>());
+        // SAFETY: the only consumer.
+        assert!(matches!(unsafe { q.pop_before(mark) }, Popped::Past));
+        assert!(q.is_empty());
     }
 
     #[test]
