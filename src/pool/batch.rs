@@ -31,7 +31,7 @@ use std::task::{Context, Poll};
 
 use crate::pool::mailbox::{Envelope, Held};
 use crate::pool::receiver::{give_back, task_waiter, Receiver, Refused, Unit};
-use crate::pool::source::{Acquire, UnitRef};
+use crate::pool::source::{Acquire, Acquired, UnitRef};
 use crate::pool::worker;
 
 /// The positions a batch's messages were given, in batch order: one range
@@ -433,8 +433,14 @@ impl<K, M, O> Future for SendBatchFuture<'_, K, M, O> {
             if p.rest.is_empty() {
                 break;
             }
-            if !this.acquire.poll(&task_waiter(cx.waker())) {
-                return Poll::Pending;
+            match this.acquire.poll(&task_waiter(cx.waker()), &|| r.refuses()) {
+                Acquired::Unit => {}
+                Acquired::Closed => {
+                    let p = this.progress.take().expect("checked");
+                    return Poll::Ready(Err(p.cut(Refused::Closed, &r.metrics)));
+                }
+                // Woken by a release, or by a stop (see `Acquire`).
+                Acquired::Waiting => return Poll::Pending,
             }
             if let Err(refused) = r.chunk(p, 1) {
                 let p = this.progress.take().expect("checked");

@@ -1931,6 +1931,12 @@ impl<K, M, O> Dispatcher<K, M, O> {
         let shared = self.core.shared();
         self.core.close();
         let sources = shared.sources_of(Some(self.core.id()));
+        // Submitters waiting for credit leave with their messages: after
+        // the flag (see `Acquire`). A source made after this look sees the
+        // flag when it first waits.
+        for s in &sources {
+            s.release_waiters();
+        }
         let refs: Vec<&Source> = sources.iter().map(|s| &**s).collect();
         if crate::pool::worker::on_worker_of(shared.id()) {
             return refs.iter().all(|s| s.is_drained());

@@ -7,7 +7,9 @@
 //! `CLOSED` (nothing new is accepted) and `FORCED` (nothing new starts).
 //!
 //! Graceful stop, [`KeyedExecutor::shutdown`]:
-//! 1. Set `CLOSED`, then wake every parked worker.
+//! 1. Set `CLOSED`, then wake every parked worker and every submitter
+//!    waiting for credit (it leaves with `Closed(msg)`; see `Acquire` in
+//!    `source.rs`).
 //! 2. From now on a submit is refused with `Closed(msg)`: the flag is read
 //!    after the submitter took its unit of credit, so a submit that got in
 //!    before is counted in its source's units, which step 3 waits for.
@@ -24,7 +26,8 @@
 //!
 //! Force stop, [`KeyedExecutor::shutdown_now`] (also what dropping the last
 //! `KeyedExecutor` handle does):
-//! 1. Set `CLOSED | FORCED`, fence, wake every parked worker.
+//! 1. Set `CLOSED | FORCED`, fence, wake every parked worker and every
+//!    submitter waiting for credit.
 //! 2. On the calling thread, walk every dispatcher's map: take each mailbox
 //!    out, reject its queued messages (through their completion, or the
 //!    dispatcher's `on_reject` hook), and cancel a suspended future.
@@ -581,6 +584,30 @@ impl Shared {
     fn close(&self) {
         self.state.fetch_or(CLOSED, SeqCst);
         self.wake_all();
+        self.release_waiters();
+    }
+
+    /// After a stop set `CLOSED`: every submitter waiting for credit (or
+    /// for a commit span) leaves with `Closed(its message)` instead of
+    /// waiting for a unit (see `Acquire` in `source.rs`). A source
+    /// registered after this look is made after the flag, and its first
+    /// waiter sees it.
+    fn release_waiters(&self) {
+        let waiting: Vec<PinnedSource> = {
+            // The list keeps its sources alive while it is locked; those
+            // with waiters are pinned to be woken outside the lock (a
+            // waker is user code).
+            let sources = self.sources.lock();
+            fence(SeqCst);
+            sources
+                .iter()
+                .filter(|s| s.get().has_waiters())
+                .filter_map(|s| PinnedSource::new(*s))
+                .collect()
+        };
+        for source in waiting {
+            source.wake_all_waiters();
+        }
     }
 
     fn force(&self) {
@@ -595,6 +622,7 @@ impl Shared {
             reg.targets.iter().map(|t| t.clone_box()).collect()
         };
         self.wake_all();
+        self.release_waiters();
         let mut rejected = 0;
         for t in &targets {
             rejected += t.force_drain();

@@ -37,7 +37,8 @@ use crate::pool::executor::Shared;
 use crate::pool::mailbox::{Envelope, Held};
 use crate::pool::observe::Identity;
 use crate::pool::source::{
-    wait_all_drained, Acquire, Settings, SourceHandle, SourceRef, UnitRef, MAX_CREDIT, MAX_SPAN,
+    wait_all_drained, Acquire, Acquired, Settings, SourceHandle, SourceRef, UnitRef, MAX_CREDIT,
+    MAX_SPAN,
 };
 use crate::pool::worker;
 use crate::sync::{thread, Arc};
@@ -148,7 +149,9 @@ pub(super) enum Unit {
 /// | [`try_send`](Self::try_send) | no | the position | `Full(msg)` |
 ///
 /// All of them refuse with `Closed(msg)` once the receiver, its dispatcher or
-/// the executor is shutting down, handing the message back. Messages given to
+/// the executor is shutting down, handing the message back — a submitter
+/// already waiting for credit too, as soon as the stop begins (it never
+/// waits for a unit to free). Messages given to
 /// the `send` family have no completion handle: their output is dropped, a
 /// panic goes to the dispatcher's [`on_panic`](crate::DispatcherBuilder::on_panic)
 /// hook and a stop's rejection to its [`on_reject`](crate::DispatcherBuilder::on_reject) hook.
@@ -396,8 +399,9 @@ impl<K, M, O> Receiver<K, M, O> {
     }
 
     /// Refuses new messages from this source from now on (`Closed(msg)`),
-    /// for every clone; what it accepted goes on. Idempotent. Other
-    /// receivers, even of the same keys, are untouched.
+    /// for every clone; what it accepted goes on. Submitters waiting for
+    /// its credit (or its commit span) get their messages back at once.
+    /// Idempotent. Other receivers, even of the same keys, are untouched.
     pub fn close(&self) {
         self.source.source().close();
     }
@@ -605,10 +609,21 @@ impl<K, M, O> Receiver<K, M, O> {
             return Ok(Unit::Own);
         }
         let mut acquire = Acquire::new(source, worker::flush_held_credit);
-        while !acquire.poll(&thread_waiter) {
-            thread::park();
+        loop {
+            match acquire.poll(&thread_waiter, &|| self.refuses()) {
+                Acquired::Unit => return Ok(Unit::Own),
+                Acquired::Closed => return Err(Refused::Closed),
+                // Woken by a release, or by a stop (see `Acquire`).
+                Acquired::Waiting => thread::park(),
+            }
         }
-        Ok(Unit::Own)
+    }
+
+    /// Whether the receiver, its dispatcher or the executor refuses new
+    /// messages (SeqCst loads of the three flags).
+    #[inline]
+    pub(super) fn refuses(&self) -> bool {
+        self.source.source().is_closed() || self.core.is_closed()
     }
 
     /// Enqueues a message holding `unit`. Returns its position and, if
@@ -807,10 +822,13 @@ impl<K, M, O> SubmitFuture<'_, K, M, O> {
         } else if worker::in_handler(r.core.shared().id()) {
             // From a handler: never wait.
             r.unit_now()
-        } else if self.acquire.poll(&task_waiter(cx.waker())) {
-            Ok(Unit::Own)
         } else {
-            return Poll::Pending;
+            match self.acquire.poll(&task_waiter(cx.waker()), &|| r.refuses()) {
+                Acquired::Unit => Ok(Unit::Own),
+                Acquired::Closed => Err(Refused::Closed),
+                // Woken by a release, or by a stop (see `Acquire`).
+                Acquired::Waiting => return Poll::Pending,
+            }
         };
         let (key, msg) = self.item.take().expect("checked");
         Poll::Ready(match unit {

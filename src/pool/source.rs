@@ -36,10 +36,17 @@
 //!   push and set `WAITERS`; then try to acquire once more. Against a release
 //!   this is the Dekker pattern on one word: either the release saw
 //!   `WAITERS` (and wakes a waiter), or the retry sees the unit it gave back.
-//!   A drainer does the same with `DRAINERS` and its own list.
+//!   Then, after a fence, it looks at the stop flags (its source's, its
+//!   dispatcher's, the executor's). A drainer does the same with
+//!   `DRAINERS` and its own list.
+//! - a stop (any that refuses the source's messages) sets its flag,
+//!   fences and, if `WAITERS` is set, pops and wakes every waiter, who
+//!   finds the flag and leaves with its message: either the stop saw the
+//!   waiter's `WAITERS` or the waiter sees the flag (see [`Acquire`]).
 //! - a waiter that was popped (notified) and gives up without taking a unit
 //!   passes the notification on, so a unit is never left unused while someone
-//!   sleeps.
+//!   sleeps; one that leaves because the source closed does not (every
+//!   waiter of the source leaves).
 //! - handle clone/drop: `handles ± 1`; the drop that makes the word zero
 //!   frees the source.
 //!
@@ -83,10 +90,13 @@
 //! # Stops
 //!
 //! `flags` holds `CLOSED` (no new message is accepted) and `STOPPED` (a
-//! `shutdown_now`: its messages are handed back instead of started). A
-//! worker that meets a message of a stopped source hands it to the
-//! stopping thread (`handover`) while one waits there (`stoppers`), or
-//! hands it back itself if none does (a stop called from a worker).
+//! `shutdown_now`: its messages are handed back instead of started).
+//! Setting either, like the dispatcher's and the executor's stops, sends
+//! the submitters waiting for a unit or for the span away with their
+//! messages (`release_waiters`). A worker that meets a message of a
+//! stopped source hands it to the stopping thread (`handover`) while one
+//! waits there (`stoppers`), or hands it back itself if none does (a stop
+//! called from a worker).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ptr::NonNull;
@@ -810,15 +820,44 @@ impl Source {
 
     // ----- stops -------------------------------------------------------------
 
-    /// Refuses new messages from now on.
+    /// Refuses new messages from now on, and sends the submitters waiting
+    /// for a unit away with their messages.
     pub(crate) fn close(&self) {
         self.flags.fetch_or(CLOSED, SeqCst);
+        self.release_waiters();
     }
 
     /// Closes the source and makes workers hand its messages back instead
     /// of starting them. The caller counted itself in `stoppers` first.
     pub(crate) fn stop(&self) {
         self.flags.fetch_or(CLOSED | STOPPED, SeqCst);
+        self.release_waiters();
+    }
+
+    /// A stop set a flag that refuses this source's messages (its own, its
+    /// dispatcher's or the executor's): wakes every submitter waiting for
+    /// a unit or for the commit span, who looks at the flags and leaves
+    /// with `Closed(its message)` (see [`Acquire`]). The caller keeps the
+    /// source alive.
+    pub(crate) fn release_waiters(&self) {
+        fence(SeqCst);
+        if self.has_waiters() {
+            self.wake_all_waiters();
+        }
+    }
+
+    /// Whether a submitter is registered as a waiter. Read by a stop after
+    /// its flag and a SeqCst fence (see [`Acquire`]).
+    #[inline]
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.hot.word.load(Relaxed) & WAITERS != 0
+    }
+
+    /// Wakes every submitter waiting for a unit (a stop: see
+    /// [`release_waiters`](Self::release_waiters)).
+    #[cold]
+    pub(crate) fn wake_all_waiters(&self) {
+        self.notify(u64::MAX);
     }
 
     #[inline]
@@ -1089,9 +1128,33 @@ pub(crate) fn wait_all_drained(
     }
 }
 
+/// What one poll of an [`Acquire`] came to.
+#[must_use]
+pub(crate) enum Acquired {
+    /// A unit was taken; the attempt is over.
+    Unit,
+    /// The submitter is registered as a waiter: a release, or a stop,
+    /// wakes it to poll again.
+    Waiting,
+    /// The source, its dispatcher or the executor is closed: the attempt
+    /// is over, without a unit.
+    Closed,
+}
+
 /// One submitter's attempt to take a unit of credit, possibly over several
 /// polls. Dropping it deregisters (or passes on a notification it received).
 /// The submitter holds a handle for as long as this lives.
+///
+/// Against a stop it is the Dekker hand-shake it is against a release,
+/// with fences: a stop sets its flag, fences (SeqCst) and reads `WAITERS`,
+/// and if it is set wakes every waiter, popping them under the list's lock
+/// ([`Source::release_waiters`]); a waiter registers (sets `WAITERS`),
+/// fences and looks at the flags. Either the stop sees `WAITERS` and wakes
+/// it, or the waiter sees the flag. `WAITERS` is cleared only when the
+/// list is empty, so a waiter still registered keeps it set; one popped
+/// was woken. A waiter that renews its registration needs no second look:
+/// it finds itself still in the list, so the wake of a stop that saw its
+/// first registration is still to come.
 pub(crate) struct Acquire<'a> {
     source: &'a Source,
     id: Option<u64>,
@@ -1110,30 +1173,43 @@ impl<'a> Acquire<'a> {
         }
     }
 
-    /// True when a unit was taken (and the attempt is over); otherwise the
-    /// waiter is registered and will be woken by a release.
-    pub(crate) fn poll(&mut self, waiter: &dyn Fn(&mut Option<Waiter>)) -> bool {
+    /// Takes a unit if one is free, else registers the waiter (or renews
+    /// its registration) to be woken by a release or a stop. `closed` says
+    /// whether the source, its dispatcher or the executor refuses new
+    /// messages (SeqCst loads of their flags); it is asked before anything
+    /// else, and again after a new registration (see the type's docs).
+    pub(crate) fn poll(
+        &mut self,
+        waiter: &dyn Fn(&mut Option<Waiter>),
+        closed: &dyn Fn() -> bool,
+    ) -> Acquired {
         loop {
+            if closed() {
+                self.leave_closed();
+                return Acquired::Closed;
+            }
             if self.source.try_acquire() {
-                self.leave_queue(true);
-                return true;
+                self.leave_queue(false);
+                return Acquired::Unit;
             }
             if self.id.is_none() {
                 // About to wait: a worker running this (a handler submitting)
                 // must not sit on units it holds back.
                 (self.before_wait)();
                 if self.source.try_acquire() {
-                    return true;
+                    return Acquired::Unit;
                 }
             }
             let mut w = self.source.waiters.lock();
             match self.id {
+                // Still registered: a stop that saw the first registration
+                // has yet to pop it, and will wake the waiter set here.
                 Some(id) => match w.queue.iter_mut().find(|(i, _)| *i == id) {
                     Some((_, slot)) => {
                         waiter(slot);
-                        return false;
+                        return Acquired::Waiting;
                     }
-                    // Popped by a release: retry from scratch.
+                    // Popped by a release or a stop: retry from scratch.
                     None => self.id = None,
                 },
                 None => {
@@ -1146,18 +1222,24 @@ impl<'a> Acquire<'a> {
                     self.id = Some(id);
                     drop(w);
                     if self.source.try_acquire() {
-                        self.leave_queue(true);
-                        return true;
+                        self.leave_queue(false);
+                        return Acquired::Unit;
                     }
-                    return false;
+                    // After the registration (see the type's docs).
+                    fence(SeqCst);
+                    if closed() {
+                        self.leave_closed();
+                        return Acquired::Closed;
+                    }
+                    return Acquired::Waiting;
                 }
             }
         }
     }
 
-    /// Leaves the queue. If we had been popped (notified) and did not take a
-    /// unit, pass the notification on.
-    fn leave_queue(&mut self, acquired: bool) {
+    /// Leaves the queue. If we had been popped (notified) and `pass_on`
+    /// (we leave without a unit), pass the notification on.
+    fn leave_queue(&mut self, pass_on: bool) {
         let Some(id) = self.id.take() else { return };
         let mut w = self.source.waiters.lock();
         if let Some(pos) = w.queue.iter().position(|(i, _)| *i == id) {
@@ -1165,17 +1247,25 @@ impl<'a> Acquire<'a> {
             if w.queue.is_empty() {
                 self.source.hot.word.fetch_and(!WAITERS, SeqCst);
             }
-        } else if !acquired {
+        } else if pass_on {
             drop(w);
             // The submitter's handle keeps the source alive.
             self.source.notify(1);
         }
     }
+
+    /// Leaves the queue, closed. A notification we got is not passed on:
+    /// every waiter of this source finds it closed too (they share its
+    /// flags, its dispatcher's and the executor's), and a stop woke them
+    /// all.
+    fn leave_closed(&mut self) {
+        self.leave_queue(false);
+    }
 }
 
 impl Drop for Acquire<'_> {
     fn drop(&mut self) {
-        self.leave_queue(false);
+        self.leave_queue(true);
     }
 }
 
@@ -1265,7 +1355,7 @@ mod tests {
         let h2 = h.clone();
         let t = std::thread::spawn(move || {
             let mut a = Acquire::new(h2.source(), || {});
-            while !a.poll(&thread_waiter) {
+            while !matches!(a.poll(&thread_waiter, &|| false), Acquired::Unit) {
                 thread::park();
             }
         });
@@ -1291,14 +1381,47 @@ mod tests {
         assert!(c.try_acquire());
         let mut a = Acquire::new(c, || {});
         let mut b = Acquire::new(c, || {});
-        assert!(!a.poll(&thread_waiter));
-        assert!(!b.poll(&thread_waiter));
+        assert!(matches!(
+            a.poll(&thread_waiter, &|| false),
+            Acquired::Waiting
+        ));
+        assert!(matches!(
+            b.poll(&thread_waiter, &|| false),
+            Acquired::Waiting
+        ));
         // SAFETY: one unit is held.
         unsafe { h.as_ref().release(1) }; // pops `a`
         drop(a); // never retried: must hand the wake to `b`
         assert!(c.waiters.lock().queue.is_empty(), "b was popped too");
-        assert!(b.poll(&thread_waiter));
+        assert!(matches!(b.poll(&thread_waiter, &|| false), Acquired::Unit));
         // SAFETY: `b` took the one unit.
+        unsafe { h.as_ref().release(1) };
+    }
+
+    #[test]
+    fn close_wakes_a_blocked_acquirer_which_leaves_closed_without_a_unit() {
+        let h = source(1, 1024);
+        assert!(h.source().try_acquire());
+        let h2 = h.clone();
+        let t = std::thread::spawn(move || {
+            let s = h2.source();
+            let mut a = Acquire::new(s, || {});
+            loop {
+                match a.poll(&thread_waiter, &|| s.is_closed()) {
+                    Acquired::Waiting => thread::park(),
+                    got => return matches!(got, Acquired::Closed),
+                }
+            }
+        });
+        while h.source().hot.word.load(SeqCst) & WAITERS == 0 {
+            std::thread::yield_now();
+        }
+        h.source().close();
+        assert!(t.join().unwrap(), "left closed, not with a unit");
+        assert_eq!(h.source().in_flight(), 1, "the held unit is untouched");
+        assert!(h.source().waiters.lock().queue.is_empty());
+        assert_eq!(h.source().hot.word.load(SeqCst) & WAITERS, 0);
+        // SAFETY: one unit is held.
         unsafe { h.as_ref().release(1) };
     }
 
