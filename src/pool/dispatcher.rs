@@ -44,7 +44,10 @@
 //! of deliveries, a turn would let the mailboxes it made run a second turn
 //! before it came back for the rest.) A delivery claimed before the mark
 //! but not yet written ends the turn early: its producer schedules the
-//! port again, as after any push. A turn lets its gate go every
+//! port again, as after any push. Deliveries a source stop took out of
+//! the inbox while the turn ran (the gate's `deferred`, ahead of the
+//! inbox) are all taken, even those pushed after the mark: they stand
+//! ahead of the inbox, and the credit bounds them as it bounds the rest. A turn lets its gate go every
 //! `GATE_HOLD` deliveries, so that a stop or a retiring mailbox never
 //! waits for a whole backlog.
 //!
