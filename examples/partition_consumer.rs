@@ -408,7 +408,12 @@ fn run(
     std::thread::scope(|scope| {
         let mut consumers: Vec<_> = (0..PARTITIONS)
             .map(|p| {
-                let receiver = dispatcher.receiver(64).expect("max_in_flight > 0");
+                let receiver = dispatcher
+                    .receiver_builder()
+                    .max_in_flight(64)
+                    .track_commits(true)
+                    .build()
+                    .expect("max_in_flight > 0");
                 let (broker, revoked) = (&**broker, &revoked[p]);
                 Some(scope.spawn(move || consume(p, broker, &receiver, revoked)))
             })
@@ -431,7 +436,12 @@ fn run(
             let partition = r.partition;
             new_owner = Some(scope.spawn(move || {
                 let (executor, dispatcher) = node("new-owner", store);
-                let receiver = dispatcher.receiver(64).expect("max_in_flight > 0");
+                let receiver = dispatcher
+                    .receiver_builder()
+                    .max_in_flight(64)
+                    .track_commits(true)
+                    .build()
+                    .expect("max_in_flight > 0");
                 let (tally, _) = consume(partition, broker, &receiver, &AtomicBool::new(false));
                 drop(receiver);
                 assert!(executor.shutdown(Duration::from_secs(10)));

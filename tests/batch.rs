@@ -41,7 +41,12 @@ fn a_batch_larger_than_the_credit_goes_through_in_order_with_its_positions() {
     let ex = KeyedExecutor::builder().workers(2).build().unwrap();
     let log: Log = Arc::default();
     let d = logging(&ex, &log);
-    let r = d.receiver(8).unwrap();
+    let r = d
+        .receiver_builder()
+        .max_in_flight(8)
+        .track_commits(true)
+        .build()
+        .unwrap();
     let mut next_id = 0u32;
     let mut expected: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut batch = |n: u32| -> Vec<(u64, u32)> {

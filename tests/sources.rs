@@ -102,7 +102,18 @@ fn a_closed_source_refuses_its_late_messages_while_another_on_the_same_keys_runs
     let executor = KeyedExecutor::builder().workers(2).build().unwrap();
     let starts = Starts::default();
     let d = dispatcher(&executor, &starts);
-    let (a, b) = (d.receiver(16).unwrap(), d.receiver(128).unwrap());
+    let (a, b) = (
+        d.receiver_builder()
+            .max_in_flight(16)
+            .track_commits(true)
+            .build()
+            .unwrap(),
+        d.receiver_builder()
+            .max_in_flight(128)
+            .track_commits(true)
+            .build()
+            .unwrap(),
+    );
     let gate = Gate::new();
     // A's first message holds key 0; its second queues behind it.
     let first = a
@@ -172,7 +183,18 @@ fn draining_one_source_waits_for_its_suspended_futures_only() {
     let executor = KeyedExecutor::builder().workers(1).build().unwrap();
     let starts = Starts::default();
     let d = dispatcher(&executor, &starts);
-    let (a, b) = (d.receiver(8).unwrap(), d.receiver(8).unwrap());
+    let (a, b) = (
+        d.receiver_builder()
+            .max_in_flight(8)
+            .track_commits(true)
+            .build()
+            .unwrap(),
+        d.receiver_builder()
+            .max_in_flight(8)
+            .track_commits(true)
+            .build()
+            .unwrap(),
+    );
     let mut events = Vec::new();
     let mut done = Vec::new();
     for i in 0..3u32 {
@@ -243,7 +265,18 @@ fn shutdown_now_of_one_source_hands_back_only_its_own_messages_on_shared_keys_an
                 .push((job.src, job.id, thread::current().id()));
         })
         .build();
-    let (a, b) = (d.receiver(64).unwrap(), d.receiver(64).unwrap());
+    let (a, b) = (
+        d.receiver_builder()
+            .max_in_flight(64)
+            .track_commits(true)
+            .build()
+            .unwrap(),
+        d.receiver_builder()
+            .max_in_flight(64)
+            .track_commits(true)
+            .build()
+            .unwrap(),
+    );
     // A's future suspended on key 5, B's long step holding the worker.
     let (a_tx, a_rx) = oneshot::channel::<()>();
     let a_suspended = a
@@ -329,7 +362,12 @@ fn the_commit_point_follows_out_of_order_finishes_panics_and_stops_at_a_hand_bac
     let executor = KeyedExecutor::builder().workers(2).build().unwrap();
     let starts = Starts::default();
     let d = dispatcher(&executor, &starts);
-    let r = d.receiver(16).unwrap();
+    let r = d
+        .receiver_builder()
+        .max_in_flight(16)
+        .track_commits(true)
+        .build()
+        .unwrap();
     let mut events = Vec::new();
     let mut done: Vec<Completion<u32, Job>> = Vec::new();
     for i in 0..4u32 {

@@ -1209,7 +1209,11 @@ async fn run_partition(
 ) -> PartitionEnd {
     let receiver = shared
         .dispatcher
-        .receiver(shared.cfg.max_in_flight)
+        .receiver_builder()
+        .max_in_flight(shared.cfg.max_in_flight)
+        // The commit point is what a partition acks up to.
+        .track_commits(true)
+        .build()
         .expect("max_in_flight > 0");
     let mut part = Partition {
         link: shared.link(&format!("p{p}")),

@@ -46,7 +46,18 @@ fn receiver_shutdown_now_vs_its_step_and_another_source() {
             let log = Log::new();
             let ex = executor(1, 16);
             let d = scripted(&ex, &log);
-            let (a, b) = (d.receiver(2).unwrap(), d.receiver(2).unwrap());
+            let (a, b) = (
+                d.receiver_builder()
+                    .max_in_flight(2)
+                    .track_commits(true)
+                    .build()
+                    .unwrap(),
+                d.receiver_builder()
+                    .max_in_flight(2)
+                    .track_commits(true)
+                    .build()
+                    .unwrap(),
+            );
             let first = a.submit_blocking(0, Msg::yield_once(1)).unwrap();
             assert_eq!(first.position(), 0);
             let other = thread::spawn(move || {
@@ -115,7 +126,12 @@ fn commit_point_vs_out_of_order_finishes() {
         let log = Log::new();
         let ex = executor(2, 16);
         let d = scripted(&ex, &log);
-        let r = d.receiver(2).unwrap();
+        let r = d
+            .receiver_builder()
+            .max_in_flight(2)
+            .track_commits(true)
+            .build()
+            .unwrap();
         let c0 = r.submit_blocking(0, Msg::now(0)).unwrap();
         let c1 = r.submit_blocking(1, Msg::now(1)).unwrap();
         assert_eq!((c0.position(), c1.position()), (0, 1));
@@ -218,7 +234,12 @@ fn forwarding(workers: usize) -> Forwarding {
         })
         .hasher(Fixed::default())
         .build();
-    let r = d.receiver(1).unwrap();
+    let r = d
+        .receiver_builder()
+        .max_in_flight(1)
+        .track_commits(true)
+        .build()
+        .unwrap();
     *me.lock().unwrap() = Some(r.clone());
     (ex, d, r, me, log)
 }
@@ -463,7 +484,12 @@ fn receiver_close_vs_send() {
         let log = Log::new();
         let ex = executor(1, 16);
         let d = scripted(&ex, &log);
-        let r = d.receiver(2).unwrap();
+        let r = d
+            .receiver_builder()
+            .max_in_flight(2)
+            .track_commits(true)
+            .build()
+            .unwrap();
         let r2 = r.clone();
         let sender = thread::spawn(move || match r2.send(0, Msg::now(1)) {
             Ok(position) => {

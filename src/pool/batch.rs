@@ -367,6 +367,7 @@ impl<K, M, O> Receiver<K, M, O> {
         // As in a single send: the message keeps this source alive with a
         // handle count while it holds another's unit.
         me.pin();
+        me.get().share_held();
         let env = Envelope {
             msg,
             reply: None,

@@ -230,6 +230,7 @@ pub struct ReceiverBuilder<K, M, O> {
     core: Box<dyn Core<K, M, O>>,
     max_in_flight: usize,
     commit_span: Option<usize>,
+    track_commits: bool,
     name: Option<String>,
 }
 
@@ -239,6 +240,7 @@ impl<K, M, O> ReceiverBuilder<K, M, O> {
             core,
             max_in_flight: crate::DEFAULT_MAX_IN_FLIGHT,
             commit_span: None,
+            track_commits: false,
             name: None,
         }
     }
@@ -250,6 +252,22 @@ impl<K, M, O> ReceiverBuilder<K, M, O> {
         self
     }
 
+    /// Whether the receiver keeps a commit point: it then records how each
+    /// message ended at its position, and [`Receiver::committable`] says
+    /// how many leading positions all finished — what a partitioned
+    /// consumer commits (a Kafka offset, a stream ID). Default `false`: a
+    /// receiver that does not track commits pays nothing per message for
+    /// it (its `committable()` is 0), which is what a source without
+    /// offsets wants. Positions are given out either way.
+    ///
+    /// Cost when on: a short lock per finished message, and one bit per
+    /// position that finished ahead of one still running (none while the
+    /// receiver is idle).
+    pub fn track_commits(mut self, on: bool) -> Self {
+        self.track_commits = on;
+        self
+    }
+
     /// The most positions between the commit point and the newest one
     /// accepted: when a slow message holds the commit point, the receiver
     /// accepts this many messages past it, then submitters wait (as they
@@ -257,16 +275,16 @@ impl<K, M, O> ReceiverBuilder<K, M, O> {
     /// and what it redelivers after a crash, stays this short. Default
     /// [`DEFAULT_COMMIT_SPAN_FACTOR`] × `max_in_flight`, at least
     /// [`MIN_DEFAULT_COMMIT_SPAN`]; it must be at least `max_in_flight`.
-    /// Memory: a window of one byte per position per worker, plus one, for
-    /// a span of up to 4 × `max_in_flight` (at least 4,096) plus
-    /// `max_in_flight`, to the next power of two; positions that end
-    /// further ahead of a held commit point take about 20 bytes each, in a
-    /// map, until it moves.
+    /// Setting it turns [`track_commits`](Self::track_commits) on; without
+    /// commit tracking there is no cap. Memory: one bit per position that
+    /// finished ahead of the commit point, so at most `n / 8` bytes while
+    /// a slow message holds it.
     ///
     /// Messages a handler forwards by inheriting its own message's unit
     /// are not held by the cap (a handler never waits).
     pub fn commit_span(mut self, n: usize) -> Self {
         self.commit_span = Some(n);
+        self.track_commits = true;
         self
     }
 
@@ -310,7 +328,13 @@ impl<K, M, O> ReceiverBuilder<K, M, O> {
                 .saturating_mul(DEFAULT_COMMIT_SPAN_FACTOR)
                 .clamp(MIN_DEFAULT_COMMIT_SPAN, MAX_SPAN),
         };
-        Ok(Receiver::new(self.core, max, span, self.name))
+        Ok(Receiver::new(
+            self.core,
+            max,
+            span,
+            self.track_commits,
+            self.name,
+        ))
     }
 }
 
@@ -319,6 +343,7 @@ impl<K, M, O> fmt::Debug for ReceiverBuilder<K, M, O> {
         f.debug_struct("ReceiverBuilder")
             .field("max_in_flight", &self.max_in_flight)
             .field("commit_span", &self.commit_span)
+            .field("track_commits", &self.track_commits)
             .field("name", &self.name)
             .finish()
     }
@@ -330,12 +355,13 @@ impl<K, M, O> Receiver<K, M, O> {
         core: Box<dyn Core<K, M, O>>,
         max_in_flight: usize,
         span: usize,
+        track: bool,
         label: Option<String>,
     ) -> Self {
         let settings = Settings {
             max_in_flight,
             span: span.max(max_in_flight),
-            rows: core.shared().workers.len() + 1,
+            track,
             dispatcher: core.id(),
         };
         let source = SourceHandle::new(settings, Some(core.shared().clone()));
@@ -370,9 +396,16 @@ impl<K, M, O> Receiver<K, M, O> {
     }
 
     /// The cap on positions between the commit point and the newest one
-    /// (see [`ReceiverBuilder::commit_span`]).
+    /// (see [`ReceiverBuilder::commit_span`]; it holds only while the
+    /// receiver [tracks commits](Self::tracks_commits)).
     pub fn commit_span(&self) -> u64 {
         self.source.source().span()
+    }
+
+    /// Whether the receiver keeps a commit point
+    /// ([`ReceiverBuilder::track_commits`]).
+    pub fn tracks_commits(&self) -> bool {
+        self.source.source().tracks_commits()
     }
 
     /// Positions this receiver (and its clones) gave out so far: the next
@@ -386,8 +419,12 @@ impl<K, M, O> Receiver<K, M, O> {
     /// How many leading positions have all finished — done, or failed with
     /// a panic: what a consumer can commit. A message handed back by a stop
     /// or cancelled is never passed: it and what follows are delivered
-    /// again. Looks at the recorded outcomes on each call (cheap enough to
-    /// call after each batch of completions).
+    /// again. One atomic load: call it as often as you like.
+    ///
+    /// Only a receiver built with
+    /// [`track_commits(true)`](ReceiverBuilder::track_commits) (or a
+    /// [`commit_span`](ReceiverBuilder::commit_span)) keeps a commit point;
+    /// any other answers 0: nothing is known committed.
     pub fn committable(&self) -> u64 {
         self.source.source().committable()
     }
@@ -647,6 +684,7 @@ impl<K, M, O> Receiver<K, M, O> {
                 // The message holds a share of another message's unit: it
                 // keeps this source alive with a handle count until it ends.
                 me.pin();
+                me.get().share_held();
                 share
             }
         };
@@ -679,6 +717,7 @@ pub(super) fn give_back(me: SourceRef, unit: Unit) {
         // SAFETY: the refused message held this unit.
         Unit::Own => unsafe { me.release(1) },
         Unit::Inherited(share) => {
+            me.get().share_ended();
             // SAFETY: `enqueue` pinned us for the message.
             unsafe { me.unpin() };
             worker::give_back_running_unit(share);

@@ -53,39 +53,29 @@
 //! Acquisition is not strictly FIFO (a `try_submit` can barge in); the list
 //! only orders who is woken.
 //!
-//! # Positions and the commit point
+//! # Positions, drains and the commit point
 //!
 //! Each accepted message takes the next *position* (`next`, one
-//! `fetch_add` by its submitter). When it ends, whoever ended it records a
-//! one-byte *tag* in the source's window: one row per worker (so that
-//! workers never write each other's cache lines) and one for the other
-//! threads (stops handing messages back), a slot per position modulo the
-//! window's size. A tag says finished (done or panicked: committable) or
-//! returned (handed back or cancelled: resolved, but never passed by the
-//! commit point, since it will be delivered again).
+//! `fetch_add` by its submitter, on a line of its own). Whether every
+//! message a source accepted has ended (a drain) is read off counts, not
+//! positions: a message holding one of the source's own units holds it
+//! until it ends, so `in_flight` counts them — except units that became
+//! shares (`lent`), which live until their last holder ends — and
+//! `inherited` counts the source's messages that hold a share of some
+//! unit (a follow-up, or a message that passed its unit on). Those paths
+//! are rare (forwarding beyond the credit); every count moves before the
+//! message it stands for can be seen ended, so a drain is never seen early.
 //!
-//! The commit point and the resolved point are advanced lazily, under a
-//! lock, by whoever asks (`committable()`, a drain check, a submitter at the
-//! cap): from where they stand, they pass each position whose tag some row
-//! holds. The commit point clears the slots it passes before it publishes
-//! its new value, and a recorder writes into the window only if its
-//! position is less than one window ahead of the commit point it reads
-//! (else into an overflow map, ordered by position): so a slot holds a tag
-//! of its own lap or none, and no stale tag can be taken for a current one.
-//!
-//! The span of positions between the commit point and `next` is capped
-//! (`span`): a submitter finding it full advances the commit point and, if
-//! it is still full, waits as it waits for credit (a message that ends
-//! releases a unit, or pokes, and wakes it). The window has room for a
-//! span of at most `WINDOW_SPAN_FACTOR` × the credit (at least
-//! `MIN_WINDOW_SPAN`) plus one message per unit of credit (submitters
-//! that passed the cap check together): a larger cap lets a slow message
-//! hold the commit point longer without stopping its source, and what
-//! ends beyond the window meanwhile goes to the overflow map (a lock per
-//! message while the commit point is held that far back; the window alone
-//! otherwise). Follow-ups that inherit another message's unit (see
-//! `receiver.rs`) are not held by the cap — a handler never waits — and
-//! may overflow too; they are bounded by the credit they hold.
+//! A receiver that tracks commits (`ReceiverBuilder::track_commits`) also
+//! records how each message ended at its position (`commits.rs`): the
+//! commit point is how many leading positions all finished. The span of
+//! positions between the commit point and `next` is capped (`span`): a
+//! submitter finding it full waits as it waits for credit (a message that
+//! ends releases a unit, or pokes, and wakes it). Follow-ups that inherit
+//! another message's unit (see `receiver.rs`) are not held by the cap — a
+//! handler never waits — and are bounded by the credit they hold. A
+//! receiver that does not track commits pays for none of it: no record
+//! per message, no cap.
 //!
 //! # Stops
 //!
@@ -98,11 +88,12 @@
 //! waits there (`stoppers`), or hands it back itself if none does (a stop
 //! called from a worker).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
+use crate::pool::commits::Commits;
 use crate::pool::executor::Shared;
 use crate::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use crate::sync::{cas_guess, Arc, Mutex};
@@ -124,92 +115,44 @@ const CREDIT_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 /// The largest commit span a receiver may be given.
 pub(crate) const MAX_SPAN: usize = 1 << 24;
 
-/// The window holds a span of at most this many times the credit (see the
-/// module docs); positions further ahead of the commit point overflow.
-const WINDOW_SPAN_FACTOR: u64 = 4;
-
-/// The least span the window holds (when the commit span is at least this).
-#[cfg(not(loom))]
-const MIN_WINDOW_SPAN: u64 = 4096;
-/// Under loom each slot is a modelled atomic.
-#[cfg(loom)]
-const MIN_WINDOW_SPAN: u64 = 4;
-
 const CLOSED: u8 = 1;
 const STOPPED: u8 = 2;
 
-/// Tags: nothing recorded (or cleared), finished, returned.
-const EMPTY: u8 = 0;
-const FINISHED: u8 = 1;
-const RETURNED: u8 = 2;
-
-/// What ended a message, for its tag.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Ended {
-    /// Done or panicked: the commit point may pass it.
-    Finished,
-    /// Handed back or cancelled: it will be delivered again; the commit
-    /// point stops before it.
-    Returned,
-}
+pub(crate) use crate::pool::commits::Ended;
 
 /// A rejection a worker leaves for the thread stopping the source.
 pub(crate) type Handover = Box<dyn FnOnce() + Send>;
 
-/// The words submitters touch on every message.
+/// The credit word: submitters and releasers touch it.
 struct Hot {
     word: AtomicU64,
-    /// The next position.
-    next: AtomicU64,
 }
-
-/// The lazily advanced points (see the module docs).
-struct Points {
-    /// Leading positions all finished (done or panicked).
-    committed: AtomicU64,
-    /// Leading positions all ended (committable or returned).
-    resolved: AtomicU64,
-    /// Serialises advancing.
-    lock: Mutex<()>,
-    /// While the commit point is held past the window (`advance_at`), the
-    /// next `next` at which a submitter advances it again: one advance per
-    /// [`RETRY_EVERY`] positions, not one per message.
-    retry_at: AtomicU64,
-}
-
-/// See [`Points::retry_at`].
-const RETRY_EVERY: u64 = 64;
 
 pub(crate) struct Source {
     hot: CachePadded<Hot>,
+    /// The next position: its own line, so that taking one does not pull
+    /// the credit word away from the workers that give units back.
+    next: CachePadded<AtomicU64>,
     /// Read-only after creation, or rarely written (`flags`), on a line of
     /// their own that every core shares.
     max: u64,
     /// How many released units a worker may hold back before returning them.
     batch: u64,
-    /// The commit span's cap.
+    /// The commit span's cap (tracked receivers only).
     span: u64,
-    /// How far `next` may run ahead of the commit point before a submitter
-    /// advances it: the cap, or less if the window is shorter (so that
-    /// ends are recorded in the window, not the overflow map, while the
-    /// commit point can follow).
-    advance_at: u64,
     flags: AtomicU8,
     /// Threads in `shutdown_now` waiting for the source to drain.
     stoppers: AtomicUsize,
     /// The id of the dispatcher the source feeds.
     dispatcher: u64,
-    points: CachePadded<Points>,
-    /// `rows` rows of `1 << shift` tags (see the module docs).
-    window: Box<[AtomicU8]>,
-    shift: u32,
-    rows: usize,
-    /// Tags of positions too far ahead of the commit point for the window
-    /// (a slow message held it back; or follow-ups that inherited another
-    /// message's unit, not held by the span cap); `overflowed` counts them,
-    /// so lookups skip the lock while it is empty.
-    overflow: Mutex<BTreeMap<u64, Ended>>,
-    overflowed: AtomicUsize,
+    /// The source's units that became shares (a message passed its unit
+    /// on), until the share's last holder gives the unit back (see
+    /// "Positions, drains and the commit point").
+    lent: AtomicUsize,
+    /// The source's messages that hold a share of a unit.
+    inherited: AtomicUsize,
+    /// The commit point, if the receiver tracks commits.
+    commits: Option<Commits>,
     waiters: Mutex<Waiters>,
     drainers: Mutex<Vec<Waiter>>,
     handover: Mutex<Vec<Handover>>,
@@ -249,8 +192,8 @@ unsafe impl Sync for SourceRef {}
 pub(crate) struct Settings {
     pub(crate) max_in_flight: usize,
     pub(crate) span: usize,
-    /// Rows of the window: one per worker, plus one.
-    pub(crate) rows: usize,
+    /// Record how each message ends, for the commit point.
+    pub(crate) track: bool,
     pub(crate) dispatcher: u64,
 }
 
@@ -259,39 +202,22 @@ impl SourceHandle {
     pub(crate) fn new(settings: Settings, shared: Option<Arc<Shared>>) -> Self {
         let max = settings.max_in_flight.min(MAX_CREDIT) as u64;
         let span = (settings.span.min(MAX_SPAN) as u64).max(max);
-        // Room for the span (up to the window's share of it) and a unit's
-        // worth of overshoot per unit of credit (submitters that passed the
-        // cap check together).
-        let windowed = span.min((max * WINDOW_SPAN_FACTOR).max(MIN_WINDOW_SPAN));
-        let size = (windowed + max).next_power_of_two();
-        let rows = settings.rows.max(1);
         let source = Box::new(Source {
             hot: CachePadded::new(Hot {
                 word: AtomicU64::new(HANDLE),
-                next: AtomicU64::new(0),
             }),
+            next: CachePadded::new(AtomicU64::new(0)),
             max,
-            // Hold back at most 1/16 of the window (and never more than 16),
-            // so batching never starves a small receiver.
+            // Hold back at most 1/16 of the credit (and never more than
+            // 16), so batching never starves a small receiver.
             batch: (max / 16).clamp(1, 16),
             span,
-            advance_at: span.min(size - max),
             flags: AtomicU8::new(0),
             stoppers: AtomicUsize::new(0),
             dispatcher: settings.dispatcher,
-            points: CachePadded::new(Points {
-                committed: AtomicU64::new(0),
-                resolved: AtomicU64::new(0),
-                lock: Mutex::new(()),
-                retry_at: AtomicU64::new(0),
-            }),
-            window: (0..size as usize * rows)
-                .map(|_| AtomicU8::new(EMPTY))
-                .collect(),
-            shift: size.trailing_zeros(),
-            rows,
-            overflow: Mutex::new(BTreeMap::new()),
-            overflowed: AtomicUsize::new(0),
+            lent: AtomicUsize::new(0),
+            inherited: AtomicUsize::new(0),
+            commits: settings.track.then(Commits::new),
             waiters: Mutex::new(Waiters::default()),
             drainers: Mutex::new(Vec::new()),
             handover: Mutex::new(Vec::new()),
@@ -529,14 +455,7 @@ impl Source {
         if n == 0 || self.span_full() {
             return 0;
         }
-        // Room in the span (a stale `next` errs on the small side).
-        let room = self.span.saturating_sub(
-            self.hot
-                .next
-                .load(Relaxed)
-                .saturating_sub(self.points.committed.load(Relaxed)),
-        );
-        let want = n.min(room.max(1));
+        let want = n.min(self.span_room().max(1));
         let word = &self.hot.word;
         let mut cur = cas_guess(word);
         loop {
@@ -581,31 +500,24 @@ impl Source {
     }
 
     /// Whether the span from the commit point to `next` has reached its
-    /// cap (after advancing the commit point, if it seemed to).
+    /// cap (tracked receivers only).
     #[inline]
     fn span_full(&self) -> bool {
-        // `next` may be read stale, behind a commit point that another
-        // thread moved since: the difference saturates (an old `next` only
-        // makes the span look smaller, and the position taken later is
-        // checked against the window again when it is recorded).
-        let next = self.hot.next.load(Relaxed);
-        let lag = next.saturating_sub(self.points.committed.load(Relaxed));
-        if lag < self.advance_at {
-            return false;
+        self.commits.is_some() && self.span_room() == 0
+    }
+
+    /// Positions the span's cap allows past `next` (all, untracked). A
+    /// stale `next` only makes the span look smaller: the difference
+    /// saturates.
+    #[inline]
+    fn span_room(&self) -> u64 {
+        match &self.commits {
+            None => u64::MAX,
+            Some(c) => {
+                let lag = self.next.load(Relaxed).saturating_sub(c.committed());
+                self.span.saturating_sub(lag)
+            }
         }
-        // Past the window but below the cap: advance now and then only (a
-        // held commit point stays held; what ends meanwhile overflows).
-        if lag < self.span && next < self.points.retry_at.load(Relaxed) {
-            return false;
-        }
-        self.advance();
-        let lag = next.saturating_sub(self.points.committed.load(Acquire));
-        if lag >= self.advance_at {
-            self.points
-                .retry_at
-                .store(next.saturating_add(RETRY_EVERY), Relaxed);
-        }
-        lag >= self.span
     }
 
     /// Pops up to `n` waiters and wakes them. The caller keeps the source
@@ -664,145 +576,62 @@ impl Source {
     /// The position of a message that is being accepted.
     #[inline]
     pub(crate) fn take_position(&self) -> u64 {
-        self.hot.next.fetch_add(1, Relaxed)
+        self.next.fetch_add(1, Relaxed)
     }
 
     /// Takes `n` consecutive positions (a batch); returns the first.
     pub(crate) fn take_positions(&self, n: u64) -> u64 {
-        self.hot.next.fetch_add(n, Relaxed)
+        self.next.fetch_add(n, Relaxed)
     }
 
     /// Positions taken so far.
     pub(crate) fn positions(&self) -> u64 {
-        self.hot.next.load(Acquire)
+        self.next.load(Acquire)
     }
 
-    /// Records how the message at `position` ended, in row `row` (a worker's
-    /// index, or [`other_row`](Self::other_row)).
-    ///
-    /// The slot of `position` in the window is free once the commit point
-    /// passed the position one window-length before it. A stale read of the
-    /// commit point is lower than the real one, so the test errs on the
-    /// safe side; a position that does not fit goes to the overflow map.
+    /// Whether the receiver records how its messages end.
     #[inline]
-    pub(crate) fn record(&self, row: usize, position: u64, ended: Ended) {
-        let size = 1u64 << self.shift;
-        if position.wrapping_sub(self.points.committed.load(Acquire)) >= size {
-            return self.record_overflow(position, ended);
-        }
-        let at = (row << self.shift) + (position & (size - 1)) as usize;
-        let t = match ended {
-            Ended::Finished => FINISHED,
-            Ended::Returned => RETURNED,
-        };
-        self.window[at].store(t, Release);
+    pub(crate) fn tracks_commits(&self) -> bool {
+        self.commits.is_some()
     }
 
-    #[cold]
-    fn record_overflow(&self, position: u64, ended: Ended) {
-        let mut map = self.overflow.lock();
-        map.insert(position, ended);
-        self.overflowed.store(map.len(), SeqCst);
-    }
-
-    /// The row for threads that are not workers (a stop handing back).
-    pub(crate) fn other_row(&self) -> usize {
-        self.rows - 1
-    }
-
-    /// How the message at `position` ended, if some row says. Only for
-    /// positions at or past the commit point, whose slots hold their own
-    /// tag or none (see [`advance`](Self::advance)).
-    fn ended(&self, position: u64) -> Option<Ended> {
-        self.ended_at(position).map(|(ended, _)| ended)
-    }
-
-    /// As [`ended`](Self::ended), with the index of the window slot that
-    /// holds the tag (`None` if the overflow map does). A position's tag is
-    /// written once, in one row, so that slot is the only one of the
-    /// position's that is not clear.
+    /// Records how the message at `position` ended (tracked receivers).
     #[inline]
-    fn ended_at(&self, position: u64) -> Option<(Ended, Option<usize>)> {
-        let mask = (1u64 << self.shift) - 1;
-        let at = (position & mask) as usize;
-        for row in 0..self.rows {
-            let i = (row << self.shift) + at;
-            match self.window[i].load(Acquire) {
-                FINISHED => return Some((Ended::Finished, Some(i))),
-                RETURNED => return Some((Ended::Returned, Some(i))),
-                _ => {}
-            }
+    pub(crate) fn record(&self, position: u64, ended: Ended) {
+        if let Some(c) = &self.commits {
+            c.record(position, ended);
         }
-        if self.overflowed.load(SeqCst) == 0 {
-            return None;
-        }
-        self.overflow.lock().get(&position).map(|&e| (e, None))
     }
 
-    /// Advances the commit point and the resolved point as far as the
-    /// recorded tags allow. Returns (committed, resolved).
-    ///
-    /// The commit point clears the slots of each position it passes before
-    /// it publishes its new value (a release store), so a recorder that
-    /// read it (acquire) and writes one lap ahead writes a clear slot: a
-    /// slot never holds a tag of another lap than its position's.
-    pub(crate) fn advance(&self) -> (u64, u64) {
-        let _guard = self.points.lock.lock();
-        let next = self.hot.next.load(Acquire);
-        let mut committed = self.points.committed.load(Relaxed);
-        // Whether the commit point stands at a returned message (for good).
-        let mut at_returned = false;
-        while committed < next {
-            let slot = match self.ended_at(committed) {
-                Some((Ended::Finished, slot)) => slot,
-                Some((Ended::Returned, _)) => {
-                    at_returned = true;
-                    break;
-                }
-                None => break,
-            };
-            // The position's one tag: its other rows are clear already (a
-            // recorder one lap ahead writes only once the commit point
-            // passed this position, which it reads after this store).
-            if let Some(i) = slot {
-                self.window[i].store(EMPTY, Relaxed);
-            }
-            committed += 1;
-        }
-        // The resolved point also passes returned messages; the commit
-        // point stops at the first one, for good.
-        let mut resolved = self.points.resolved.load(Relaxed).max(committed);
-        while resolved < next && self.ended(resolved).is_some() {
-            resolved += 1;
-        }
-        self.points.committed.store(committed, Release);
-        self.points.resolved.store(resolved, Release);
-        if self.overflowed.load(SeqCst) != 0 {
-            // Positions behind the commit point are never looked at again,
-            // nor, once it stopped for good at a returned message, those
-            // behind the resolved point. Not those between the two
-            // otherwise: the resolved walk may pass a tag recorded just
-            // after the commit walk looked for it, and the commit point
-            // reads it next time (dropping it here stalled the commit point
-            // for good, and with it the source at its span).
-            let keep_from = if at_returned { resolved } else { committed };
-            let mut map = self.overflow.lock();
-            *map = map.split_off(&keep_from);
-            self.overflowed.store(map.len(), SeqCst);
-        }
-        (committed, resolved)
-    }
-
-    /// Leading positions whose messages all finished (done or panicked).
+    /// Leading positions whose messages all finished (done or panicked);
+    /// 0 for a receiver that does not track commits.
     pub(crate) fn committable(&self) -> u64 {
-        self.advance().0
+        self.commits.as_ref().map_or(0, Commits::committed)
+    }
+
+    /// A message of this source was accepted holding a share of a unit,
+    /// or one of its messages passed its own unit on (it holds a share
+    /// from now on): counted until it ends ([`share_ended`](Self::share_ended)).
+    pub(crate) fn share_held(&self) {
+        self.inherited.fetch_add(1, SeqCst);
+    }
+
+    /// A message counted by [`share_held`](Self::share_held) ended (or
+    /// was refused): wake whoever waits on the source, since no release
+    /// of its own unit does.
+    pub(crate) fn share_ended(&self) {
+        self.inherited.fetch_sub(1, SeqCst);
+        self.poke();
     }
 
     /// Whether every message accepted so far has ended (finished, handed
     /// back or cancelled).
     pub(crate) fn is_drained(&self) -> bool {
-        let (_, resolved) = self.advance();
-        resolved >= self.hot.next.load(Acquire)
+        let word = self.hot.word.load(SeqCst) & IN_FLIGHT_MASK;
+        let lent = self.lent.load(SeqCst) as u64;
+        // Counts move before what they stand for ends (see the module
+        // docs): a transient difference reads as not drained.
+        word.wrapping_sub(lent) == 0 && self.inherited.load(SeqCst) == 0
     }
 
     /// Registers `waiter` to be woken by the next release (or poke), then
@@ -1003,6 +832,7 @@ impl UnitRef {
     pub(crate) unsafe fn share(self) -> (UnitRef, UnitRef) {
         match self.kind() {
             UnitKind::Plain(unit) => {
+                unit.get().lent.fetch_add(1, SeqCst);
                 let t = NonNull::from(Box::leak(Box::new(SharedUnit {
                     unit,
                     holders: AtomicUsize::new(2),
@@ -1050,6 +880,9 @@ impl UnitRef {
                 // SAFETY: the last holder: nobody else can reach it; made by
                 // `Box::leak` in `share`.
                 drop(unsafe { Box::from_raw(t.as_ptr()) });
+                // Before the unit goes back (the caller releases it): a
+                // drain check in between sees a unit out, not one lent.
+                unit.get().lent.fetch_sub(1, SeqCst);
                 Some(unit)
             }
         }
@@ -1285,7 +1118,7 @@ mod tests {
             Settings {
                 max_in_flight: max,
                 span,
-                rows: 3,
+                track: true,
                 dispatcher: 0,
             },
             None,
@@ -1426,173 +1259,62 @@ mod tests {
     }
 
     #[test]
-    fn the_window_serves_lap_after_lap_with_tags_in_any_row() {
-        // A window of 32 slots a row (span 16 + credit 8, rounded up), 3
-        // rows; 1,000 positions: about 30 laps.
-        let h = source(8, 16);
+    fn drained_follows_units_and_shares_not_positions() {
+        let h = source(4, 1024);
         let s = h.source();
-        let mut done = vec![false; 1000];
-        let mut next = 0u64;
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        while next < 1000 {
-            // Up to the credit's 8 in flight, ended in a scrambled order,
-            // each in a row of its own choosing.
-            let chunk: Vec<u64> = (0..8.min(1000 - next)).map(|_| s.take_position()).collect();
-            next += chunk.len() as u64;
-            let mut order = chunk.clone();
-            for i in (1..order.len()).rev() {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                order.swap(i, (rng % (i as u64 + 1)) as usize);
-            }
-            for p in order {
-                s.record((p % 3) as usize, p, Ended::Finished);
-                done[p as usize] = true;
-                let leading = done.iter().take_while(|d| **d).count() as u64;
-                assert_eq!(s.committable(), leading, "after position {p}");
-            }
-        }
-        assert_eq!(s.committable(), 1000);
+        let me = h.as_ref();
         assert!(s.is_drained());
-    }
-
-    #[test]
-    fn the_commit_point_passes_finished_positions_in_order_and_stops_at_a_returned_one() {
-        let h = source(8, 16);
-        let s = h.source();
-        let p: Vec<u64> = (0..6).map(|_| s.take_position()).collect();
-        assert_eq!(p, [0, 1, 2, 3, 4, 5]);
-        // Out of order, on different rows (workers).
-        s.record(1, 2, Ended::Finished);
-        s.record(0, 1, Ended::Finished);
-        assert_eq!(s.committable(), 0, "position 0 is still running");
-        s.record(0, 0, Ended::Finished);
-        assert_eq!(s.committable(), 3);
+        // A message M holds a unit, then passes it on to a follow-up F of
+        // another source (here: the same one).
+        assert!(s.try_acquire());
         assert!(!s.is_drained());
-        s.record(2, 3, Ended::Returned);
-        s.record(1, 4, Ended::Finished);
-        s.record(0, 5, Ended::Finished);
-        assert_eq!(s.committable(), 3, "never past a handed-back message");
-        assert!(s.is_drained(), "every message ended");
-    }
-
-    #[test]
-    #[cfg_attr(
-        miri,
-        ignore = "tens of thousands of positions; no unsafe code on this path"
-    )]
-    fn a_span_beyond_the_window_overflows_and_the_commit_point_still_follows() {
-        // Credit 8, span 20,000: the window holds 4,096 + 8 positions (8,192
-        // slots a row); while position 0 runs, those past the window go to
-        // the overflow map, in every row, in any order.
-        let h = source(8, 20_000);
-        let s = h.source();
-        assert_eq!(
-            1u64 << s.shift,
-            8192,
-            "the window does not grow with the span"
-        );
-        let n = 20_000u64;
-        let all: Vec<u64> = (0..n).map(|_| s.take_position()).collect();
-        assert_eq!(all.last(), Some(&(n - 1)));
-        // Backwards, so most tags land ahead of the window first.
-        for p in (1..n).rev() {
-            s.record((p % 3) as usize, p, Ended::Finished);
+        // SAFETY: M holds the unit; each holder leaves once.
+        unsafe {
+            me.pin();
+            s.share_held();
+            let (m, f) = UnitRef::plain(me).share();
+            // F, accepted holding the share.
+            me.pin();
+            s.share_held();
+            assert!(!s.is_drained());
+            // M ends first: F still runs.
+            assert!(m.leave().is_none());
+            s.share_ended();
+            me.unpin();
+            assert!(!s.is_drained(), "the follow-up still runs");
+            // F ends: the last holder gives the unit back.
+            let unit = f.leave().expect("last holder");
+            assert!(!s.is_drained(), "the unit is not back yet");
+            unit.release(1);
+            s.share_ended();
+            me.unpin();
         }
-        assert!(
-            s.overflowed.load(SeqCst) > 0,
-            "positions past the window overflowed"
-        );
-        assert_eq!(s.committable(), 0, "position 0 still runs");
-        assert!(!s.try_acquire(), "credit is free, but the span is full");
-        s.record(1, 0, Ended::Finished);
-        assert_eq!(s.committable(), n);
-        assert!(s.try_acquire(), "the commit point moved on");
-        // SAFETY: we hold the unit just taken.
-        unsafe { h.as_ref().release(1) };
-        assert_eq!(
-            s.overflowed.load(SeqCst),
-            0,
-            "the map empties behind the point"
-        );
         assert!(s.is_drained());
-        // The window serves the next lap.
-        let p = s.take_position();
-        s.record(0, p, Ended::Finished);
-        assert_eq!(s.committable(), n + 1);
+        assert_eq!(s.in_flight(), 0);
     }
 
     #[test]
-    #[cfg_attr(
-        miri,
-        ignore = "800,000 recorded tags across threads; no unsafe code on this path"
-    )]
-    fn overflowed_tags_survive_advances_racing_their_recorders() {
-        // Two recorders end positions (most past the window while position
-        // 0 is held) while this thread advances the points: a tag the
-        // resolved walk passes just after the commit walk looked for it
-        // must still be there for the commit point's next walk.
-        for round in 0..20 {
-            let h = source(8, 1 << 20);
-            let s = h.source();
-            let n = 40_000u64;
-            for _ in 0..n {
-                s.take_position();
-            }
-            let done = std::sync::atomic::AtomicBool::new(false);
-            std::thread::scope(|t| {
-                let recorders: Vec<_> = (0..2u64)
-                    .map(|r| {
-                        let s = &s;
-                        t.spawn(move || {
-                            for p in (1..n).filter(|p| p % 2 == r) {
-                                s.record(r as usize, p, Ended::Finished);
-                            }
-                        })
-                    })
-                    .collect();
-                t.spawn(|| {
-                    while !done.load(SeqCst) {
-                        s.advance();
-                    }
-                });
-                std::thread::sleep(std::time::Duration::from_millis(2));
-                s.record(2, 0, Ended::Finished);
-                for r in recorders {
-                    r.join().unwrap();
-                }
-                done.store(true, SeqCst);
-            });
-            // Every position ended: the commit point reaches the end.
-            for _ in 0..3 {
-                s.advance();
-            }
-            assert_eq!(s.committable(), n, "round {round}");
-        }
-    }
-
-    #[test]
-    #[cfg_attr(
-        miri,
-        ignore = "tens of thousands of positions; no unsafe code on this path"
-    )]
-    fn with_nothing_held_a_span_beyond_the_window_never_overflows() {
-        // The commit point is advanced lazily, by submitters: they must do
-        // it when the window, not only the cap, runs out.
-        let h = source(8, 20_000);
+    fn a_receiver_without_tracking_has_no_cap_and_no_commit_point() {
+        let h = SourceHandle::new(
+            Settings {
+                max_in_flight: 2,
+                span: 2,
+                track: false,
+                dispatcher: 0,
+            },
+            None,
+        );
         let s = h.source();
-        // Past the window's advance point (8,184) several times.
-        let n = 50_000;
-        for i in 0..n {
-            assert!(s.try_acquire(), "message {i}");
+        for _ in 0..10 {
+            assert!(s.try_acquire());
             let p = s.take_position();
-            s.record((p % 2) as usize, p, Ended::Finished);
+            s.record(p, Ended::Finished);
             // SAFETY: we hold the unit just taken.
             unsafe { h.as_ref().release(1) };
-            assert_eq!(s.overflowed.load(SeqCst), 0, "position {p} overflowed");
         }
-        assert_eq!(s.committable(), n);
+        assert_eq!(s.positions(), 10);
+        assert_eq!(s.committable(), 0);
+        assert!(!s.tracks_commits());
     }
 
     #[test]
@@ -1605,13 +1327,13 @@ mod tests {
         }
         // Positions 1..3 finish (their units come back); 0 still runs.
         for p in 1..4 {
-            s.record(0, p, Ended::Finished);
+            s.record(p, Ended::Finished);
         }
         // SAFETY: four units are held.
         unsafe { h.as_ref().release(3) };
         assert_eq!(s.in_flight(), 1);
         assert!(!s.try_acquire(), "credit is free, but the span is full");
-        s.record(1, 0, Ended::Finished);
+        s.record(0, Ended::Finished);
         assert!(s.try_acquire(), "the commit point moved on");
         assert_eq!(s.committable(), 4);
         // SAFETY: two units are held.

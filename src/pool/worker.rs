@@ -727,7 +727,9 @@ pub(crate) fn take_running_unit(shared_id: usize) -> Option<Option<UnitRef>> {
         Running::Held { passed: true, .. } => Some(None),
         Running::Held { unit, source, .. } => {
             if unit == UnitRef::plain(source) {
+                // From now on the message holds a share, like its follow-up.
                 source.pin();
+                source.get().share_held();
             }
             // SAFETY: the running message holds `unit`.
             let (mine, theirs) = unsafe { unit.share() };
