@@ -15,6 +15,14 @@ pub enum ConfigError {
     /// `workers(0)`: the pool needs at least one thread.
     #[error("`workers` must be at least 1, got 0: the pool needs a thread to run messages")]
     ZeroWorkers,
+    /// `workers(n)` above [`MAX_WORKERS`](crate::MAX_WORKERS).
+    #[error("`workers` of {got} exceeds MAX_WORKERS ({max})")]
+    TooManyWorkers {
+        /// The value that was asked for.
+        got: usize,
+        /// The cap, [`MAX_WORKERS`](crate::MAX_WORKERS).
+        max: usize,
+    },
     /// `throughput(0)`: a turn must run at least one message.
     #[error(
         "`throughput` must be at least 1, got 0: a mailbox's turn must run at least one message"

@@ -431,7 +431,7 @@ pub use lanes::{BatchResult, Kernel, LaneError, Lanes};
 pub use limit::InFlightLimit;
 pub use pool::batch::{BatchError, Positions, SendBatchFuture};
 pub use pool::config::{
-    Builder, DEFAULT_MAX_IN_FLIGHT, DEFAULT_THREAD_NAME, DEFAULT_THROUGHPUT, MAX_SPIN,
+    Builder, DEFAULT_MAX_IN_FLIGHT, DEFAULT_THREAD_NAME, DEFAULT_THROUGHPUT, MAX_SPIN, MAX_WORKERS,
 };
 pub use pool::dispatcher::{DefaultHashBuilder, DefaultHasher, Dispatcher, DispatcherBuilder};
 pub use pool::executor::KeyedExecutor;

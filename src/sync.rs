@@ -29,7 +29,8 @@ mod imp {
     /// Atomics (re-exported from `std`).
     pub(crate) mod atomic {
         pub(crate) use std::sync::atomic::{
-            fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+            fence, AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+            Ordering,
         };
     }
 
@@ -370,6 +371,7 @@ mod imp {
         use super::SeqCstInit;
         pub(crate) type AtomicBool = SeqCstInit<loom::sync::atomic::AtomicBool>;
         pub(crate) type AtomicU8 = SeqCstInit<loom::sync::atomic::AtomicU8>;
+        pub(crate) type AtomicU16 = SeqCstInit<loom::sync::atomic::AtomicU16>;
         pub(crate) type AtomicU32 = SeqCstInit<loom::sync::atomic::AtomicU32>;
         pub(crate) type AtomicU64 = SeqCstInit<loom::sync::atomic::AtomicU64>;
         pub(crate) type AtomicUsize = SeqCstInit<loom::sync::atomic::AtomicUsize>;
@@ -417,7 +419,14 @@ mod imp {
         )*};
     }
 
-    seq_cst_init!(AtomicBool: bool, AtomicU8: u8, AtomicU32: u32, AtomicU64: u64, AtomicUsize: usize);
+    seq_cst_init!(
+        AtomicBool: bool,
+        AtomicU8: u8,
+        AtomicU16: u16,
+        AtomicU32: u32,
+        AtomicU64: u64,
+        AtomicUsize: usize
+    );
 
     impl<T> SeqCstInit<loom::sync::atomic::AtomicPtr<T>> {
         pub(crate) fn new(value: *mut T) -> Self {

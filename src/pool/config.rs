@@ -13,6 +13,10 @@ use crate::pool::observe::SlowStep;
 /// (tens of microseconds) is noise.
 pub const MAX_SPIN: Duration = Duration::from_millis(1);
 
+/// The most worker threads an executor may have (a dispatcher keeps a
+/// worker's index in two bytes per bucket of keys).
+pub const MAX_WORKERS: usize = 4096;
+
 /// Default messages a mailbox runs in one turn before yielding its worker.
 pub const DEFAULT_THROUGHPUT: usize = 16;
 
@@ -116,7 +120,8 @@ impl Builder {
     /// Number of worker threads, shared by every dispatcher of the executor.
     ///
     /// Default: [`std::thread::available_parallelism`], which honours cgroup
-    /// CPU quotas (1 if it cannot be read). Must be at least 1.
+    /// CPU quotas (1 if it cannot be read; at most [`MAX_WORKERS`]). Must
+    /// be at least 1 and at most [`MAX_WORKERS`].
     ///
     /// Your own threads that submit share the cores too. When a producer
     /// thread is busy most of the time (a loop polling a broker and
@@ -323,8 +328,16 @@ impl Builder {
     pub(crate) fn validate(self) -> Result<Config, ConfigError> {
         let workers = match self.workers {
             Some(0) => return Err(ConfigError::ZeroWorkers),
+            Some(n) if n > MAX_WORKERS => {
+                return Err(ConfigError::TooManyWorkers {
+                    got: n,
+                    max: MAX_WORKERS,
+                })
+            }
             Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            None => std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(MAX_WORKERS),
         };
         if self.throughput == 0 {
             return Err(ConfigError::ZeroThroughput);
@@ -420,6 +433,13 @@ mod tests {
         assert_eq!(
             Builder::new().workers(0).validate().err(),
             Some(ConfigError::ZeroWorkers)
+        );
+        assert_eq!(
+            Builder::new().workers(MAX_WORKERS + 1).validate().err(),
+            Some(ConfigError::TooManyWorkers {
+                got: MAX_WORKERS + 1,
+                max: MAX_WORKERS
+            })
         );
         assert_eq!(
             Builder::new().throughput(0).validate().err(),

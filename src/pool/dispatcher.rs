@@ -123,7 +123,7 @@ use crate::pool::source::{wait_all_drained, Ended, Source, SourceRef};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::fence;
-use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, SpinGuard, SpinLock};
 use crate::trace;
 
@@ -153,26 +153,21 @@ const TAKEOVER: usize = 1 << (usize::BITS - 1);
 
 /// A bucket's word: its worker's index, `UNPLACED` until the first
 /// submitter places it. UNPLACED → placed is its only transition (one CAS,
-/// by any submitter); nothing writes it after.
-const UNPLACED: u64 = u64::MAX;
+/// by any submitter); nothing writes it after. Two bytes a bucket: the
+/// table is paid by every dispatcher, idle or not.
+const UNPLACED: u16 = u16::MAX;
 
-/// Buckets per dispatcher: enough that two keys rarely share one.
+/// Buckets per dispatcher: enough that two keys rarely share one, and
+/// that placement spreads keys over the workers.
 fn bucket_count(workers: usize) -> usize {
     #[cfg(not(loom))]
-    return (256 * workers).next_power_of_two().clamp(1024, 16384);
+    return (64 * workers).next_power_of_two().clamp(1024, 16384);
     // Under loom two buckets: keys 0 and 1 may share one or not.
     #[cfg(loom)]
     {
         let _ = workers;
         2
     }
-}
-
-/// What a port keeps per bucket, under its gate.
-#[derive(Clone, Copy, Default)]
-struct BucketCount {
-    /// The bucket's mailboxes in this port's map.
-    live: u32,
 }
 
 // ----- keys ------------------------------------------------------------------
@@ -547,6 +542,108 @@ struct Port<K, M, H: Handler<K, M>, S> {
     gate: CachePadded<SpinLock<Gate<K, M, H, S>>>,
 }
 
+/// A dispatcher's ports, one per worker, each made when its worker first
+/// gets a delivery of the dispatcher: an idle dispatcher pays a pointer per
+/// worker, not a port. Made ports live as long as the dispatcher.
+struct Ports<P> {
+    slots: Box<[AtomicPtr<P>]>,
+}
+
+impl<P> Ports<P> {
+    fn new(n: usize) -> Self {
+        Ports {
+            slots: (0..n)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+        }
+    }
+
+    /// Port `i`, if it was made.
+    #[inline]
+    fn get(&self, i: usize) -> Option<&P> {
+        // SeqCst: against a force stop, which sets its flag and then walks
+        // the slots (see `DispatcherInner::port`).
+        let p = self.slots[i].load(SeqCst);
+        // SAFETY: a non-null slot points to a port made by `get_or_make`,
+        // freed only when `self` drops.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    /// Port `i`, which a task or a mailbox of it shows was made.
+    #[inline]
+    fn made(&self, i: usize) -> &P {
+        self.get(i).expect("a port with work was made")
+    }
+
+    /// Port `i`, made now (with `make`) if it was not: one CAS decides
+    /// between racing makers, the loser frees its own.
+    #[inline]
+    fn get_or_make(&self, i: usize, make: impl FnOnce() -> P) -> &P {
+        if let Some(p) = self.get(i) {
+            return p;
+        }
+        self.make(i, make)
+    }
+
+    #[cold]
+    fn make(&self, i: usize, make: impl FnOnce() -> P) -> &P {
+        let new = Box::into_raw(Box::new(make()));
+        match self.slots[i].compare_exchange(std::ptr::null_mut(), new, SeqCst, SeqCst) {
+            // SAFETY: just published; freed only when `self` drops.
+            Ok(_) => unsafe { &*new },
+            Err(theirs) => {
+                // SAFETY: ours, never published.
+                drop(unsafe { Box::from_raw(new) });
+                // SAFETY: as in `get`.
+                unsafe { &*theirs }
+            }
+        }
+    }
+
+    /// The ports made so far, with their worker.
+    fn iter(&self) -> impl Iterator<Item = (usize, &P)> + '_ {
+        (0..self.slots.len()).filter_map(move |i| self.get(i).map(|p| (i, p)))
+    }
+}
+
+impl<P> Drop for Ports<P> {
+    fn drop(&mut self) {
+        for slot in self.slots.iter() {
+            let p = slot.load(Acquire);
+            if !p.is_null() {
+                // SAFETY: made by `make` with `Box::into_raw`; nobody holds
+                // a reference once the dispatcher drops.
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+    }
+}
+
+impl<K, M, H: Handler<K, M>, S> Port<K, M, H, S> {
+    /// Worker `p`'s port, idle and empty.
+    fn new(p: usize) -> Self {
+        Port {
+            state: AtomicUsize::new(PORT_IDLE),
+            rescue: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            deferred: AtomicBool::new(false),
+            inbox: Inbox::new(),
+            gate: CachePadded::new(SpinLock::new(Gate {
+                closed: false,
+                active: HashMap::default(),
+                turns: Turns::new(),
+                slot: None,
+                lent: None,
+                epoch: 0,
+                runner: p,
+                until: 0,
+                spares: Vec::new(),
+                deferred: VecDeque::new(),
+            })),
+        }
+    }
+}
+
 /// What a port's gate guards.
 struct Gate<K, M, H: Handler<K, M>, S> {
     /// Set once a force stop emptied the port: nothing is delivered after.
@@ -554,8 +651,6 @@ struct Gate<K, M, H: Handler<K, M>, S> {
     /// The mailboxes of this worker's keys that have work (a backlog, a
     /// running turn, a suspended future). A key without a mailbox has none.
     active: Keys<K, M, H, S>,
-    /// Per bucket.
-    buckets: Box<[BucketCount]>,
     /// The turns of keys without a mailbox (see [`Turns`]).
     turns: Turns,
     /// The free mailbox the port lends a message of a key without one.
@@ -577,13 +672,6 @@ struct Gate<K, M, H: Handler<K, M>, S> {
     /// and kept for the others (with their metrics stamps): they go ahead
     /// of the inbox, in order.
     deferred: VecDeque<Deferred<K, M, H::Output>>,
-}
-
-impl<K, M, H: Handler<K, M>, S> Gate<K, M, H, S> {
-    #[inline]
-    fn bucket(&mut self, b: usize, _n: usize) -> &mut BucketCount {
-        &mut self.buckets[b]
-    }
 }
 
 /// The lent slot: a pointer, not a reference count (that would cost two
@@ -627,8 +715,8 @@ pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     pub(crate) shared: Arc<Shared>,
     pub(crate) handler: H,
     hasher: S,
-    routes: Box<[AtomicU64]>,
-    ports: Box<[PaddedPort<K, M, H, S>]>,
+    routes: Box<[AtomicU16]>,
+    ports: Ports<PaddedPort<K, M, H, S>>,
     on_reject: Option<RejectHook<K, M>>,
     on_panic: Option<PanicHook<K>>,
     /// User-facing handles (`Dispatcher`s and `Receiver`s).
@@ -658,7 +746,7 @@ where
     fn route(&self, b: usize) -> usize {
         match self.routes[b].load(Acquire) {
             UNPLACED => self.place(b),
-            w => w as usize,
+            w => usize::from(w),
         }
     }
 
@@ -667,10 +755,27 @@ where
     #[cold]
     fn place(&self, b: usize) -> usize {
         let p = self.shared.pick_worker();
-        match self.routes[b].compare_exchange(UNPLACED, p as u64, AcqRel, Acquire) {
+        match self.routes[b].compare_exchange(UNPLACED, p as u16, AcqRel, Acquire) {
             Ok(_) => p,
-            Err(placed) => placed as usize,
+            Err(placed) => usize::from(placed),
         }
+    }
+
+    /// Port `p`, made now if this is its first delivery. A port made after
+    /// a force stop began is closed at once (the stop's walk may have
+    /// passed its slot; see `force_drain`).
+    #[inline]
+    fn port(&self, p: usize) -> &Port<K, M, H, S> {
+        if let Some(port) = self.ports.get(p) {
+            return port;
+        }
+        let port = self.ports.get_or_make(p, || CachePadded::new(Port::new(p)));
+        if self.shared.is_forced() {
+            let mut gate = port.gate.lock();
+            gate.closed = true;
+            port.closed.store(true, SeqCst);
+        }
+        port
     }
 
     /// Whether the dispatcher (or the executor) refuses new messages.
@@ -704,11 +809,11 @@ where
         let position = source.take_position();
         env.held.set_position(position);
         if source.is_closed() || this.refuses() {
-            source.record(source.other_row(), position, Ended::Returned);
+            source.record(position, Ended::Returned);
             return Err(env);
         }
         let worker = this.route(this.bucket_of(hash));
-        let port = &this.ports[worker];
+        let port = this.port(worker);
         let d = Delivery { key, hash, env };
         port.inbox
             .push_stamped(d, this.shared.metrics.stamp(position));
@@ -733,7 +838,7 @@ where
     /// (see "Who watches" in `executor.rs`).
     #[inline]
     fn schedule_port(this: &Arc<Self>, p: usize) {
-        let state = &this.ports[p].state;
+        let state = &this.ports.made(p).state;
         if state.load(SeqCst) == PORT_IDLE
             && state
                 .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, SeqCst)
@@ -789,7 +894,7 @@ where
         let start = source.take_positions(n);
         if source.is_closed() || this.refuses() {
             for p in start..start + n {
-                source.record(source.other_row(), p, Ended::Returned);
+                source.record(p, Ended::Returned);
             }
             return Err(batch);
         }
@@ -799,7 +904,7 @@ where
             let position = start + i as u64;
             env.held.set_position(position);
             let worker = this.route(this.bucket_of(hash));
-            this.ports[worker].inbox.push_stamped(
+            this.port(worker).inbox.push_stamped(
                 Delivery { key, hash, env },
                 this.shared.metrics.stamp(position),
             );
@@ -809,7 +914,7 @@ where
         }
         fence(SeqCst);
         for worker in touched {
-            let port = &this.ports[worker];
+            let port = this.ports.made(worker);
             if port.closed.load(SeqCst) {
                 // As in `enqueue`: a force stop may have emptied the inbox
                 // before our pushes landed.
@@ -857,7 +962,6 @@ where
     fn activate(
         &self,
         gate: &mut Gate<K, M, H, S>,
-        b: usize,
         mailbox: &MailboxRef<K, M, H, S>,
     ) -> Result<(), Panic> {
         // SAFETY: under the gate, the mailbox is ours and has a key.
@@ -875,7 +979,6 @@ where
         match inserted {
             Ok(old) => {
                 debug_assert!(old.is_none(), "a key got a second mailbox");
-                gate.bucket(b, self.routes.len()).live += 1;
                 Ok(())
             }
             Err(payload) => Err(Panic::new(payload)),
@@ -892,7 +995,7 @@ where
         spent: usize,
     ) -> bool {
         let this = &mailbox.dispatcher_ref();
-        let port = &this.ports[mailbox.port()];
+        let port = this.ports.made(mailbox.port());
         let mut gate = port.gate.lock();
         // SAFETY: we own the turn and hold the gate.
         if !unsafe { mailbox.still_empty() } {
@@ -905,7 +1008,7 @@ where
             return true;
         }
         // SAFETY: as above: a mailbox in the map has a key.
-        let (hash, b) = unsafe { (mailbox.hash(), this.bucket_of(mailbox.hash())) };
+        let hash = unsafe { mailbox.hash() };
         let active = &mut gate.active;
         // `Eq` is user code: if it panics, or is not reflexive, the
         // mailbox stays in the map, closed; nothing is queued in it, and a
@@ -920,7 +1023,6 @@ where
             let _ = unsafe { mailbox.release(true) };
             return true;
         }
-        gate.bucket(b, this.routes.len()).live -= 1;
         crate::metrics::mailboxes(cx, &this.ident.metrics, -1);
         gate.turns
             .record(hash, spent.min(u32::MAX as usize) as u32, cx.tick());
@@ -973,11 +1075,7 @@ where
     #[inline]
     fn end(&self, held: Held, ended: Ended, cx: Option<&WorkerCx<'_>>, batched: bool) {
         let source = held.source.get();
-        let row = match cx {
-            Some(cx) => cx.index,
-            None => source.other_row(),
-        };
-        source.record(row, held.position(), ended);
+        source.record(held.position(), ended);
         // SAFETY: the message held this unit (or share) until now.
         if let Some(unit) = unsafe { held.unit.leave() } {
             match cx {
@@ -988,7 +1086,7 @@ where
         }
         if held.pinned() {
             // No unit of its source came back: wake whoever waits on it.
-            source.poke();
+            source.share_ended();
             // SAFETY: the message held this pin (see `Held`).
             unsafe { held.source.unpin() };
         }
@@ -1045,7 +1143,7 @@ where
     /// ahead of it, in order. Returns how many messages came back.
     fn stop_sources(this: &Arc<Self>, stopped: &dyn Fn(SourceRef) -> bool) -> usize {
         let mut n = 0;
-        for (worker, port) in this.ports.iter().enumerate() {
+        for (worker, port) in this.ports.iter() {
             let mut handed: Vec<Handed<K, M, H::Output>> = Vec::new();
             let mut claimed: Vec<MailboxRef<K, M, H, S>> = Vec::new();
             let deferred = {
@@ -1139,7 +1237,7 @@ where
     /// Port `p`'s turn on `cx`'s worker: take the deliveries its inbox
     /// holds now, in order (see "Fairness" and `mailbox.rs`).
     fn run_port(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
-        let port = &this.ports[p];
+        let port = this.ports.made(p);
         port.state.store(PORT_RUNNING, SeqCst);
         cx.port_turn(Some(p));
         let mut gate = port.gate.lock();
@@ -1159,7 +1257,7 @@ where
     /// turn; the slot becomes its key's mailbox, so that key's next
     /// messages queue behind the running one.
     fn take_over(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
-        let port = &this.ports[p];
+        let port = this.ports.made(p);
         port.rescue.store(false, Release);
         let mut gate = port.gate.lock();
         let Some(Lent(slot)) = gate.lent else {
@@ -1172,10 +1270,7 @@ where
         // SAFETY: the lent slot is alive while `lent` is set (its runner
         // holds it), and `Arc::as_ptr` made the pointer.
         let slot = unsafe { crate::sync::arc_clone_raw(slot.as_ptr().cast_const()) };
-        // SAFETY: under the gate; the slot's key and hash were set before it
-        // was lent and nobody writes them until it comes back.
-        let b = this.bucket_of(unsafe { slot.hash() });
-        if this.activate(&mut gate, b, &slot).is_err() {
+        if this.activate(&mut gate, &slot).is_err() {
             // The key's `Clone` or `Eq` panicked: leave the turn to its runner.
             return;
         }
@@ -1199,7 +1294,7 @@ where
         epoch: u32,
         cx: &WorkerCx<'_>,
     ) {
-        let port = &this.ports[p];
+        let port = this.ports.made(p);
         let throughput = this.shared.config.throughput as u32;
         let tick = cx.tick();
         // Whether the turn stopped at its mark with deliveries maybe left.
@@ -1239,7 +1334,6 @@ where
                 },
             };
             let (Delivery { key, hash, env }, stamp) = next;
-            let b = this.bucket_of(hash);
             if env.held.source.get().is_stopped() {
                 // Its source is stopping: hand it back, do not start it.
                 drop(gate);
@@ -1323,7 +1417,7 @@ where
                         // The slot becomes the key's mailbox. (After a force
                         // stop emptied the port, the runner cancels it.)
                         if !gate.closed {
-                            if let Err(p) = this.activate(&mut gate, b, &slot) {
+                            if let Err(p) = this.activate(&mut gate, &slot) {
                                 drop(gate);
                                 this.stray_pending(slot, p, cx);
                                 gate = port.gate.lock();
@@ -1343,7 +1437,7 @@ where
                 let m = Self::spare(this, &mut gate, p);
                 // SAFETY: free, under the gate.
                 unsafe { m.assign(key, hash) };
-                if let Err(p) = this.activate(&mut gate, b, &m) {
+                if let Err(p) = this.activate(&mut gate, &m) {
                     // SAFETY: free, under the gate.
                     let key = unsafe { m.take_key() };
                     drop(gate);
@@ -1514,7 +1608,7 @@ where
     /// entries plus slots out running).
     fn count_mailboxes(&self) -> (usize, usize, usize) {
         let (mut live, mut free, mut all) = (0, 0, 0);
-        for port in self.ports.iter() {
+        for (_, port) in self.ports.iter() {
             let gate = port.gate.lock();
             let lent = usize::from(gate.lent.is_some());
             all += gate.active.len() + lent;
@@ -1527,7 +1621,7 @@ where
     /// Whether nothing of this dispatcher is in flight: no mailbox, no slot
     /// out, nothing in an inbox.
     fn is_quiet(&self) -> bool {
-        self.ports.iter().all(|port| {
+        self.ports.iter().all(|(_, port)| {
             let gate = port.gate.lock();
             gate.active.is_empty()
                 && gate.lent.is_none()
@@ -1539,7 +1633,7 @@ where
     /// Frees the ports' slots and spare mailboxes (each holds the
     /// dispatcher: a cycle until this). Only once nothing is in flight.
     fn release_spares(&self) {
-        for port in self.ports.iter() {
+        for (_, port) in self.ports.iter() {
             let freed: Vec<MailboxRef<K, M, H, S>> = {
                 let mut gate = port.gate.lock();
                 let mut freed = std::mem::take(&mut gate.spares);
@@ -1553,7 +1647,7 @@ where
     /// Force stop, on the stopping thread (see the module docs).
     fn force_drain(&self) -> usize {
         let mut n = 0;
-        for port in self.ports.iter() {
+        for (_, port) in self.ports.iter() {
             // Take everything out under the gate (which waits for a worker
             // in the middle of a delivery); reject it after, outside.
             let (stopped, mailboxes): (Vec<Stopped<K, M, H, S>>, usize) = {
@@ -1618,7 +1712,10 @@ where
     /// A force stop empties inboxes itself; the port just goes idle.
     fn cancel(this: Arc<Self>, tag: usize) {
         if tag & TAKEOVER != 0 {
-            this.ports[tag & !TAKEOVER].rescue.store(false, Release);
+            this.ports
+                .made(tag & !TAKEOVER)
+                .rescue
+                .store(false, Release);
         }
         drop(this);
     }
@@ -1667,7 +1764,7 @@ where
     }
 
     fn inbox_len(&self, worker: usize) -> usize {
-        self.0.ports[worker].inbox.len()
+        self.0.ports.get(worker).map_or(0, |port| port.inbox.len())
     }
 
     fn is_quiet(&self) -> bool {
@@ -1679,7 +1776,7 @@ where
     }
 
     fn takeover(&self, stuck: usize) -> Option<Task> {
-        let (p, _) = self.0.ports.iter().enumerate().find(|(_, port)| {
+        let (p, _) = self.0.ports.iter().find(|(_, port)| {
             port.state.load(SeqCst) == PORT_RUNNING
                 && (!port.inbox.is_empty() || port.deferred.load(SeqCst))
                 && {
@@ -1695,7 +1792,7 @@ where
         self.0
             .ports
             .iter()
-            .any(|port| port.state.load(SeqCst) != PORT_IDLE)
+            .any(|(_, port)| port.state.load(SeqCst) != PORT_IDLE)
     }
 
     fn id(&self) -> u64 {
@@ -2114,31 +2211,8 @@ where
         let inner = Arc::new(DispatcherInner {
             shared: shared.clone(),
             handler: self.handler,
-            routes: (0..buckets).map(|_| AtomicU64::new(UNPLACED)).collect(),
-            ports: (0..shared.workers.len())
-                .map(|p| {
-                    CachePadded::new(Port {
-                        state: AtomicUsize::new(PORT_IDLE),
-                        rescue: AtomicBool::new(false),
-                        closed: AtomicBool::new(false),
-                        deferred: AtomicBool::new(false),
-                        inbox: Inbox::new(),
-                        gate: CachePadded::new(SpinLock::new(Gate {
-                            closed: false,
-                            active: HashMap::default(),
-                            buckets: vec![BucketCount::default(); buckets].into_boxed_slice(),
-                            turns: Turns::new(),
-                            slot: None,
-                            lent: None,
-                            epoch: 0,
-                            runner: p,
-                            until: 0,
-                            spares: Vec::new(),
-                            deferred: VecDeque::new(),
-                        })),
-                    })
-                })
-                .collect(),
+            routes: (0..buckets).map(|_| AtomicU16::new(UNPLACED)).collect(),
+            ports: Ports::new(shared.workers.len()),
             hasher: self.hasher,
             on_reject: self.on_reject,
             on_panic: self.on_panic,
