@@ -711,6 +711,11 @@ enum Stopped<K, M, H: Handler<K, M>, S> {
 type Handed<K, M, O> = (Option<K>, Envelope<M, O>);
 
 /// The typed heart of a dispatcher. Mailboxes point back to it.
+///
+/// Aligned to a line pair of its own: its `Arc`'s counts (moved by every
+/// port task and mailbox made) then sit on a line apart from the fields
+/// every submit reads.
+#[repr(align(128))]
 pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     pub(crate) shared: Arc<Shared>,
     pub(crate) handler: H,

@@ -133,18 +133,11 @@ pub(crate) struct Source {
     /// The next position: its own line, so that taking one does not pull
     /// the credit word away from the workers that give units back.
     next: CachePadded<AtomicU64>,
-    /// Read-only after creation, or rarely written (`flags`), on a line of
-    /// their own that every core shares.
-    max: u64,
-    /// How many released units a worker may hold back before returning them.
-    batch: u64,
-    /// The commit span's cap (tracked receivers only).
-    span: u64,
-    flags: AtomicU8,
+    /// Read on every message by submitters and workers, written only by
+    /// stops: on lines of their own, away from the locks and counts below.
+    fixed: CachePadded<Fixed>,
     /// Threads in `shutdown_now` waiting for the source to drain.
     stoppers: AtomicUsize,
-    /// The id of the dispatcher the source feeds.
-    dispatcher: u64,
     /// The source's units that became shares (a message passed its unit
     /// on), until the share's last holder gives the unit back (see
     /// "Positions, drains and the commit point").
@@ -160,6 +153,19 @@ pub(crate) struct Source {
     /// waits until no source has a unit out), and is woken when the last
     /// unit comes back during a stop. `None` in unit tests.
     shared: Option<Arc<Shared>>,
+}
+
+/// What every message reads of its source (see `Source::fixed`).
+struct Fixed {
+    max: u64,
+    /// How many released units a worker may hold back before returning them.
+    batch: u64,
+    /// The commit span's cap (tracked receivers only).
+    span: u64,
+    /// `CLOSED`, `STOPPED`: only ever set.
+    flags: AtomicU8,
+    /// The id of the dispatcher the source feeds.
+    dispatcher: u64,
 }
 
 #[derive(Default)]
@@ -207,14 +213,16 @@ impl SourceHandle {
                 word: AtomicU64::new(HANDLE),
             }),
             next: CachePadded::new(AtomicU64::new(0)),
-            max,
-            // Hold back at most 1/16 of the credit (and never more than
-            // 16), so batching never starves a small receiver.
-            batch: (max / 16).clamp(1, 16),
-            span,
-            flags: AtomicU8::new(0),
+            fixed: CachePadded::new(Fixed {
+                max,
+                // Hold back at most 1/16 of the credit (and never more than
+                // 16), so batching never starves a small receiver.
+                batch: (max / 16).clamp(1, 16),
+                span,
+                flags: AtomicU8::new(0),
+                dispatcher: settings.dispatcher,
+            }),
             stoppers: AtomicUsize::new(0),
-            dispatcher: settings.dispatcher,
             lent: AtomicUsize::new(0),
             inherited: AtomicUsize::new(0),
             commits: settings.track.then(Commits::new),
@@ -393,7 +401,7 @@ impl SourceRef {
     /// Units a worker may hold back before giving them back.
     #[inline]
     pub(crate) fn batch(self) -> u64 {
-        self.get().batch
+        self.get().fixed.batch
     }
 }
 
@@ -407,15 +415,15 @@ impl Source {
     }
 
     pub(crate) fn max(&self) -> usize {
-        self.max as usize
+        self.fixed.max as usize
     }
 
     pub(crate) fn span(&self) -> u64 {
-        self.span
+        self.fixed.span
     }
 
     pub(crate) fn dispatcher(&self) -> u64 {
-        self.dispatcher
+        self.fixed.dispatcher
     }
 
     pub(crate) fn in_flight(&self) -> usize {
@@ -434,11 +442,11 @@ impl Source {
         let word = &self.hot.word;
         let mut cur = cas_guess(word);
         loop {
-            if cur & IN_FLIGHT_MASK >= self.max {
+            if cur & IN_FLIGHT_MASK >= self.fixed.max {
                 // Re-read with SeqCst so a failing acquire that is followed by
                 // registration cannot miss a release (see module docs).
                 cur = word.load(SeqCst);
-                if cur & IN_FLIGHT_MASK >= self.max {
+                if cur & IN_FLIGHT_MASK >= self.fixed.max {
                     return false;
                 }
             }
@@ -459,11 +467,11 @@ impl Source {
         let word = &self.hot.word;
         let mut cur = cas_guess(word);
         loop {
-            let mut free = self.max.saturating_sub(cur & IN_FLIGHT_MASK);
+            let mut free = self.fixed.max.saturating_sub(cur & IN_FLIGHT_MASK);
             if free == 0 {
                 // As in `try_acquire`: a failing acquire reads with SeqCst.
                 cur = word.load(SeqCst);
-                free = self.max.saturating_sub(cur & IN_FLIGHT_MASK);
+                free = self.fixed.max.saturating_sub(cur & IN_FLIGHT_MASK);
                 if free == 0 {
                     return 0;
                 }
@@ -515,7 +523,7 @@ impl Source {
             None => u64::MAX,
             Some(c) => {
                 let lag = self.next.load(Relaxed).saturating_sub(c.committed());
-                self.span.saturating_sub(lag)
+                self.fixed.span.saturating_sub(lag)
             }
         }
     }
@@ -652,14 +660,14 @@ impl Source {
     /// Refuses new messages from now on, and sends the submitters waiting
     /// for a unit away with their messages.
     pub(crate) fn close(&self) {
-        self.flags.fetch_or(CLOSED, SeqCst);
+        self.fixed.flags.fetch_or(CLOSED, SeqCst);
         self.release_waiters();
     }
 
     /// Closes the source and makes workers hand its messages back instead
     /// of starting them. The caller counted itself in `stoppers` first.
     pub(crate) fn stop(&self) {
-        self.flags.fetch_or(CLOSED | STOPPED, SeqCst);
+        self.fixed.flags.fetch_or(CLOSED | STOPPED, SeqCst);
         self.release_waiters();
     }
 
@@ -691,14 +699,14 @@ impl Source {
 
     #[inline]
     pub(crate) fn is_closed(&self) -> bool {
-        self.flags.load(SeqCst) & CLOSED != 0
+        self.fixed.flags.load(SeqCst) & CLOSED != 0
     }
 
     /// SeqCst: a runner suspending a future reads it after its own state
     /// change, against a stopper that sets it before scanning the states.
     #[inline]
     pub(crate) fn is_stopped(&self) -> bool {
-        self.flags.load(SeqCst) & STOPPED != 0
+        self.fixed.flags.load(SeqCst) & STOPPED != 0
     }
 
     /// A thread starts waiting in `shutdown_now` (before [`stop`]).
