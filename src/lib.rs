@@ -419,7 +419,6 @@ mod completion;
 pub mod error;
 pub mod lanes;
 pub mod limit;
-mod metrics;
 mod pool;
 mod timer;
 mod trace;
@@ -450,7 +449,7 @@ pub use pool::stats::{
 };
 
 #[cfg(feature = "metrics")]
-pub use crate::metrics::DEFAULT_METRICS_SAMPLING;
+pub use crate::pool::metrics::DEFAULT_METRICS_SAMPLING;
 
 /// Internals that the loom models in `loom-tests/` check directly (built
 /// with `--cfg loom` only; not part of the API).

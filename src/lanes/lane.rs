@@ -120,7 +120,7 @@ pub(crate) struct After<K: Kernel> {
     pub(crate) garbage: Garbage<K>,
     /// Outcomes and waits for the metrics (zero-sized without the
     /// `metrics` feature).
-    pub(crate) tally: crate::metrics::LaneTally,
+    pub(crate) tally: crate::lanes::metrics::LaneTally,
 }
 
 /// Outcomes and commands nobody waits for any more.
@@ -141,7 +141,7 @@ impl<K: Kernel> After<K> {
                 outcomes: Vec::new(),
                 commands: Vec::new(),
             },
-            tally: crate::metrics::LaneTally::new(),
+            tally: crate::lanes::metrics::LaneTally::new(),
         }
     }
 }
@@ -187,7 +187,7 @@ struct Slot<K: Kernel> {
     deadline: Option<Instant>,
     /// When it entered (for the metrics' lane wait; zero-sized without the
     /// `metrics` feature).
-    entered: crate::metrics::LaneStamp,
+    entered: crate::lanes::metrics::LaneStamp,
     waker: Option<Waker>,
     abandoned: bool,
 }
@@ -260,7 +260,7 @@ impl<K: Kernel> Lane<K> {
         let id = st.slots.insert(Slot {
             state: SlotState::Queued(command),
             deadline,
-            entered: crate::metrics::LaneStamp::new(now),
+            entered: crate::lanes::metrics::LaneStamp::new(now),
             waker: Some(waker.clone()),
             abandoned: false,
         });

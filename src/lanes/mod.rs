@@ -97,6 +97,7 @@ mod execute;
 mod fatal;
 mod kernel;
 mod lane;
+mod metrics;
 mod park;
 mod shared;
 

@@ -64,7 +64,7 @@ pub(crate) struct Shared<K: Kernel> {
     /// Its name (the `lanes` label of its metrics series).
     pub(crate) name: Box<str>,
     /// Metrics handles (zero-sized without the `metrics` feature).
-    pub(crate) metrics: crate::metrics::LanesMetrics,
+    pub(crate) metrics: crate::lanes::metrics::LanesMetrics,
     shards: Box<[Shard<K>]>,
     hasher: RandomState,
     /// Wakers of pending `close` futures: woken when the count drains to
@@ -117,7 +117,7 @@ impl<K: Kernel> Shared<K> {
             fatals: s.fatals,
             on_commit: s.on_commit,
             on_event: s.on_event,
-            metrics: crate::metrics::LanesMetrics::new(&s.name),
+            metrics: crate::lanes::metrics::LanesMetrics::new(&s.name),
             name: s.name.into_boxed_str(),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),

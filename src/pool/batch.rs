@@ -160,7 +160,11 @@ impl<K, M> Progress<K, M> {
         }
     }
 
-    fn cut(self, refused: Refused, metrics: &crate::metrics::ReceiverMetrics) -> BatchError<K, M> {
+    fn cut(
+        self,
+        refused: Refused,
+        metrics: &crate::pool::metrics::ReceiverMetrics,
+    ) -> BatchError<K, M> {
         for _ in 0..self.rest.len() {
             metrics.refused();
         }

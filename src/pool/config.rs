@@ -103,7 +103,7 @@ impl Default for Builder {
             slow_step: None,
             on_slow_step: None,
             #[cfg(feature = "metrics")]
-            metrics_sampling: crate::metrics::DEFAULT_METRICS_SAMPLING,
+            metrics_sampling: crate::pool::metrics::DEFAULT_METRICS_SAMPLING,
             #[cfg(loom)]
             loom_watchers: false,
         }

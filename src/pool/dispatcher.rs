@@ -1028,7 +1028,7 @@ where
             let _ = unsafe { mailbox.release(true) };
             return true;
         }
-        crate::metrics::mailboxes(cx, &this.ident.metrics, -1);
+        crate::pool::metrics::mailboxes(cx, &this.ident.metrics, -1);
         gate.turns
             .record(hash, spent.min(u32::MAX as usize) as u32, cx.tick());
         // SAFETY: as above: the queue is empty, no future is stored.
@@ -1279,7 +1279,7 @@ where
             // The key's `Clone` or `Eq` panicked: leave the turn to its runner.
             return;
         }
-        crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
+        crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
         gate.lent = None;
         gate.epoch = gate.epoch.wrapping_add(1);
         let epoch = gate.epoch;
@@ -1428,7 +1428,7 @@ where
                                 gate = port.gate.lock();
                                 continue;
                             }
-                            crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
+                            crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
                         }
                         drop(gate);
                         Mailbox::after_pending(slot, cx);
@@ -1451,7 +1451,7 @@ where
                     gate = port.gate.lock();
                     continue;
                 }
-                crate::metrics::mailboxes(cx, &this.ident.metrics, 1);
+                crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
                 // SAFETY: free, assigned, under the gate.
                 unsafe { m.schedule_with(env, stamp) };
                 drop(gate);
@@ -1537,14 +1537,14 @@ where
                 Ok(_) => {
                     let done = counters.done.load(Relaxed) + 1;
                     counters.done.store(done, Relaxed);
-                    crate::metrics::done(Some(cx), &self.ident.metrics, done);
+                    crate::pool::metrics::done(Some(cx), &self.ident.metrics, done);
                 }
                 Err(TaskError::Panicked(p)) => {
                     trace::handler_panicked(&self.ident.name, cx.index, p);
                     counters
                         .panicked
                         .store(counters.panicked.load(Relaxed) + 1, Relaxed);
-                    crate::metrics::panicked(Some(cx), &self.ident.metrics);
+                    crate::pool::metrics::panicked(Some(cx), &self.ident.metrics);
                 }
                 Err(_) => {}
             }

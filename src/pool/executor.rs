@@ -225,7 +225,7 @@ pub(crate) struct Shared {
     /// The slow-step watch and the clock's epoch (see `observe.rs`).
     pub(crate) watch: Watch,
     /// Metrics handles (zero-sized without the `metrics` feature).
-    pub(crate) metrics: crate::metrics::ExecutorMetrics,
+    pub(crate) metrics: crate::pool::metrics::ExecutorMetrics,
 }
 
 impl Shared {
@@ -862,7 +862,7 @@ impl KeyedExecutor {
     pub(crate) fn start(config: Config) -> Result<Self, ConfigError> {
         let n = config.workers;
         let watch = Watch::new(config.slow_step, n);
-        let metrics = crate::metrics::ExecutorMetrics::new(&config, watch.epoch());
+        let metrics = crate::pool::metrics::ExecutorMetrics::new(&config, watch.epoch());
         let shared = Arc::new(Shared {
             workers: (0..n).map(|_| Worker::new()).collect(),
             config,

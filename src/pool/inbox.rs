@@ -53,7 +53,7 @@ struct Slot<T> {
     /// The value's metrics stamp, written with it: zero-sized without the
     /// `metrics` feature, else 4 bytes that sit in the padding after
     /// `ready` (a slot is no larger with it).
-    stamp: UnsafeCell<crate::metrics::Stamp>,
+    stamp: UnsafeCell<crate::pool::metrics::Stamp>,
 }
 
 struct Block<T, const CAP: usize> {
@@ -68,7 +68,7 @@ impl<T, const CAP: usize> Block<T, CAP> {
             slots: std::array::from_fn(|_| Slot {
                 value: UnsafeCell::new(MaybeUninit::uninit()),
                 ready: AtomicBool::new(false),
-                stamp: UnsafeCell::new(crate::metrics::Stamp::NONE),
+                stamp: UnsafeCell::new(crate::pool::metrics::Stamp::NONE),
             }),
         })
     }
@@ -89,7 +89,7 @@ struct Head<T, const CAP: usize> {
 /// What [`Inbox::pop_before`] found.
 pub(crate) enum Popped<T> {
     /// The oldest value, with its metrics stamp.
-    Value(T, crate::metrics::Stamp),
+    Value(T, crate::pool::metrics::Stamp),
     /// Every value claimed before the mark was taken.
     Past,
     /// The oldest value before the mark is claimed but not written yet
@@ -177,12 +177,12 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
     #[cfg_attr(not(any(test, loom)), allow(dead_code))]
     #[inline]
     pub fn push(&self, value: T) {
-        self.push_stamped(value, crate::metrics::Stamp::NONE);
+        self.push_stamped(value, crate::pool::metrics::Stamp::NONE);
     }
 
     /// Appends `value` with its metrics stamp (any thread).
     #[inline]
-    pub(crate) fn push_stamped(&self, value: T, stamp: crate::metrics::Stamp) {
+    pub(crate) fn push_stamped(&self, value: T, stamp: crate::pool::metrics::Stamp) {
         let mut spare: Option<*mut Block<T, CAP>> = None;
         let mut index = self.tail.index.load(Acquire);
         loop {
@@ -266,7 +266,7 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
     /// # Safety
     /// As for `pop`.
     #[inline]
-    pub(crate) unsafe fn pop_stamped(&self) -> Option<(T, crate::metrics::Stamp)> {
+    pub(crate) unsafe fn pop_stamped(&self) -> Option<(T, crate::pool::metrics::Stamp)> {
         let index = self.head.index.load(Relaxed);
         // SAFETY: our caller's contract.
         unsafe { self.pop_at(index) }
@@ -310,7 +310,7 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
     /// # Safety
     /// As for `pop`.
     #[inline]
-    unsafe fn pop_at(&self, index: usize) -> Option<(T, crate::metrics::Stamp)> {
+    unsafe fn pop_at(&self, index: usize) -> Option<(T, crate::pool::metrics::Stamp)> {
         let offset = index % Self::LAP;
         debug_assert!(offset < CAP, "head never rests on the marker");
         // SAFETY: consumer-only cell (caller's contract).

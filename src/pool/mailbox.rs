@@ -207,7 +207,7 @@ impl Held {
 /// (zero-sized without the `metrics` feature). It travels beside the
 /// envelope (in the inbox slot's padding, then the mailbox queue), not in
 /// it: a bigger envelope makes every delivery bigger.
-pub(crate) type Stamp = crate::metrics::Stamp;
+pub(crate) type Stamp = crate::pool::metrics::Stamp;
 
 /// A queued message and its stamp.
 type Queued<M, O> = (Envelope<M, O>, Stamp);
@@ -217,7 +217,7 @@ struct Meta<O, M> {
     reply: Option<Arc<Slot<O, M>>>,
     held: Held,
     /// Its first poll, if the metrics sample it.
-    run: crate::metrics::RunStart,
+    run: crate::pool::metrics::RunStart,
 }
 
 /// What a step of the current message ended with.

@@ -32,6 +32,7 @@ pub(crate) mod executor;
 pub mod handler;
 pub(crate) mod inbox;
 pub(crate) mod mailbox;
+pub(crate) mod metrics;
 pub(crate) mod observe;
 pub(crate) mod receiver;
 pub(crate) mod retry;

@@ -56,7 +56,7 @@ use crate::trace;
 pub(crate) struct Identity {
     pub(crate) id: u64,
     pub(crate) name: Box<str>,
-    pub(crate) metrics: crate::metrics::DispatcherMetrics,
+    pub(crate) metrics: crate::pool::metrics::DispatcherMetrics,
 }
 
 impl Identity {
@@ -64,7 +64,7 @@ impl Identity {
         let name = name.unwrap_or_else(|| format!("dispatcher-{id}"));
         Identity {
             id,
-            metrics: crate::metrics::DispatcherMetrics::new(&name),
+            metrics: crate::pool::metrics::DispatcherMetrics::new(&name),
             name: name.into_boxed_str(),
         }
     }

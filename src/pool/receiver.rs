@@ -206,7 +206,7 @@ pub struct Receiver<K, M, O> {
     pub(super) core: Box<dyn Core<K, M, O>>,
     pub(super) source: SourceHandle,
     /// Counts refusals (zero-sized without the `metrics` feature).
-    pub(super) metrics: crate::metrics::ReceiverMetrics,
+    pub(super) metrics: crate::pool::metrics::ReceiverMetrics,
 }
 
 /// Builds a [`Receiver`]: its credit and its commit span. Made by
@@ -365,7 +365,7 @@ impl<K, M, O> Receiver<K, M, O> {
             dispatcher: core.id(),
         };
         let source = SourceHandle::new(settings, Some(core.shared().clone()));
-        let metrics = crate::metrics::ReceiverMetrics::new(&core.ident().metrics);
+        let metrics = crate::pool::metrics::ReceiverMetrics::new(&core.ident().metrics);
         core.shared()
             .metrics
             .source_created(source.as_ref(), &core.ident().metrics, label);
@@ -747,7 +747,7 @@ impl<K, M, O> Clone for Receiver<K, M, O> {
         Receiver {
             core: self.core.clone_box(),
             source: self.source.clone(),
-            metrics: crate::metrics::ReceiverMetrics::new(&self.core.ident().metrics),
+            metrics: crate::pool::metrics::ReceiverMetrics::new(&self.core.ident().metrics),
         }
     }
 }
@@ -811,7 +811,7 @@ impl<K, M, O> WeakReceiver<K, M, O> {
     /// The receiver, while its dispatcher has a strong handle.
     pub fn upgrade(&self) -> Option<Receiver<K, M, O>> {
         let core = self.core.upgrade()?;
-        let metrics = crate::metrics::ReceiverMetrics::new(&core.ident().metrics);
+        let metrics = crate::pool::metrics::ReceiverMetrics::new(&core.ident().metrics);
         Some(Receiver {
             core,
             source: self.source.clone(),

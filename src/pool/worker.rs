@@ -356,7 +356,7 @@ pub(crate) struct WorkerCx<'a> {
     pub(crate) steps: StepLocal,
     /// Counts not yet added to the metrics handles (zero-sized without the
     /// `metrics` feature).
-    pub(crate) metrics: crate::metrics::WorkerLocal,
+    pub(crate) metrics: crate::pool::metrics::WorkerLocal,
     /// The message whose handler runs now (see [`Running`]).
     running: Cell<Running>,
 }
@@ -800,7 +800,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         ticks: Cell::new(0),
         in_port: Cell::new(NO_PORT),
         steps: StepLocal::new(&shared.watch),
-        metrics: crate::metrics::WorkerLocal::new(),
+        metrics: crate::pool::metrics::WorkerLocal::new(),
         running: Cell::new(Running::Nothing),
     };
     CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));

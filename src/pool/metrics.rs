@@ -1,9 +1,10 @@
-//! Optional [`metrics`](https://docs.rs/metrics) instrumentation, behind the
-//! `metrics` cargo feature.
+//! The executor's [`metrics`](https://docs.rs/metrics) instrumentation,
+//! behind the `metrics` cargo feature (the `Lanes` front-end has its own,
+//! in `lanes/metrics.rs`).
 //!
 //! As in `trace.rs`, every hook is defined twice: with the feature it
 //! records through handles registered once (when the executor, a
-//! dispatcher, a receiver or a `Lanes` is built); without it, the types are
+//! dispatcher or a receiver is built); without it, the types are
 //! zero-sized and the functions empty `#[inline(always)]` ones, so the
 //! default build carries no field, branch or call for it.
 //!
@@ -51,11 +52,10 @@ pub const DEFAULT_METRICS_SAMPLING: u32 = 256;
 #[cfg(feature = "metrics")]
 mod imp {
     use std::cell::{Cell, RefCell};
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     use metrics::{Counter, Gauge, Histogram, Unit};
 
-    use crate::lanes::BusyReason;
     use crate::pool::config::Config;
     use crate::pool::source::SourceRef;
     use crate::pool::worker::WorkerCx;
@@ -105,23 +105,6 @@ mod imp {
             "keyed_executor_poll_seconds",
             Unit::Seconds,
             "Duration of one step: a handler call with its first poll, or a later poll (sampled)"
-        );
-        describe_counter!(
-            "keyed_executor_lane_commands_total",
-            "Lanes commands by outcome: ok, error, panicked, withdrawn, busy, closed"
-        );
-        describe_counter!(
-            "keyed_executor_lane_busy_total",
-            "Lanes commands refused as Busy, by reason: lane_full, in_flight_limit"
-        );
-        describe_histogram!(
-            "keyed_executor_lane_batch_size",
-            "Commands per batch given to the kernel"
-        );
-        describe_histogram!(
-            "keyed_executor_lane_wait_seconds",
-            Unit::Seconds,
-            "Time a command waited in its lane before its batch started"
         );
     }
 
@@ -574,135 +557,12 @@ mod imp {
     pub(crate) fn mailboxes(cx: &WorkerCx<'_>, d: &DispatcherMetrics, delta: i64) {
         cx.metrics.mailboxes(cx, d, delta);
     }
-
-    // ----- Lanes -------------------------------------------------------------
-
-    /// A `Lanes`' handles.
-    pub(crate) struct LanesMetrics {
-        ok: Counter,
-        error: Counter,
-        panicked: Counter,
-        withdrawn: Counter,
-        busy: Counter,
-        closed: Counter,
-        busy_lane_full: Counter,
-        busy_limit: Counter,
-        batch: Histogram,
-        wait: Histogram,
-    }
-
-    impl LanesMetrics {
-        pub(crate) fn new(name: &str) -> Self {
-            describe();
-            let n = || name.to_owned();
-            let outcome = |o: &'static str| metrics::counter!("keyed_executor_lane_commands_total", "lanes" => n(), "outcome" => o);
-            let busy = |r: &'static str| metrics::counter!("keyed_executor_lane_busy_total", "lanes" => n(), "reason" => r);
-            LanesMetrics {
-                ok: outcome("ok"),
-                error: outcome("error"),
-                panicked: outcome("panicked"),
-                withdrawn: outcome("withdrawn"),
-                busy: outcome("busy"),
-                closed: outcome("closed"),
-                busy_lane_full: busy("lane_full"),
-                busy_limit: busy("in_flight_limit"),
-                batch: metrics::histogram!("keyed_executor_lane_batch_size", "lanes" => n()),
-                wait: metrics::histogram!("keyed_executor_lane_wait_seconds", "lanes" => n()),
-            }
-        }
-
-        pub(crate) fn closed(&self) {
-            self.closed.increment(1);
-        }
-
-        pub(crate) fn busy(&self, reason: BusyReason) {
-            self.busy.increment(1);
-            match reason {
-                BusyReason::LaneFull => self.busy_lane_full.increment(1),
-                BusyReason::InFlightLimit => self.busy_limit.increment(1),
-            }
-        }
-
-        pub(crate) fn batch_started(&self, commands: usize) {
-            self.batch.record(commands as f64);
-        }
-
-        /// What a lane transition counted (after the locks).
-        pub(crate) fn settled(&self, tally: &LaneTally) {
-            for (c, n) in [
-                (&self.ok, tally.ok),
-                (&self.error, tally.error),
-                (&self.panicked, tally.panicked),
-                (&self.withdrawn, tally.withdrawn),
-            ] {
-                if n > 0 {
-                    c.increment(n);
-                }
-            }
-            for w in &tally.waits {
-                self.wait.record(w.as_secs_f64());
-            }
-        }
-    }
-
-    /// Outcomes and waits a lane transition produced, recorded by
-    /// `LanesMetrics::settled` once the locks are released.
-    #[derive(Default)]
-    pub(crate) struct LaneTally {
-        ok: u64,
-        error: u64,
-        panicked: u64,
-        withdrawn: u64,
-        waits: Vec<Duration>,
-    }
-
-    impl LaneTally {
-        pub(crate) fn new() -> Self {
-            Self::default()
-        }
-
-        #[inline]
-        pub(crate) fn decided(&mut self, ok: bool) {
-            if ok {
-                self.ok += 1;
-            } else {
-                self.error += 1;
-            }
-        }
-
-        #[inline]
-        pub(crate) fn panicked(&mut self, n: usize) {
-            self.panicked += n as u64;
-        }
-
-        #[inline]
-        pub(crate) fn withdrawn(&mut self, n: usize) {
-            self.withdrawn += n as u64;
-        }
-
-        /// A command entered at `entered` joined a batch at `now`.
-        #[inline]
-        pub(crate) fn waited(&mut self, entered: &LaneStamp, now: Instant) {
-            self.waits.push(now.saturating_duration_since(entered.0));
-        }
-    }
-
-    /// When a command entered its lane (the `Lanes`' clock).
-    pub(crate) struct LaneStamp(Instant);
-
-    impl LaneStamp {
-        #[inline]
-        pub(crate) fn new(now: Instant) -> Self {
-            LaneStamp(now)
-        }
-    }
 }
 
 #[cfg(not(feature = "metrics"))]
 mod imp {
     use std::time::Instant;
 
-    use crate::lanes::BusyReason;
     use crate::pool::config::Config;
     use crate::pool::source::SourceRef;
     use crate::pool::worker::WorkerCx;
@@ -838,60 +698,6 @@ mod imp {
 
     #[inline(always)]
     pub(crate) fn mailboxes(_cx: &WorkerCx<'_>, _d: &DispatcherMetrics, _delta: i64) {}
-
-    /// Zero-sized without the `metrics` feature.
-    pub(crate) struct LanesMetrics;
-
-    impl LanesMetrics {
-        #[inline(always)]
-        pub(crate) fn new(_name: &str) -> Self {
-            LanesMetrics
-        }
-
-        #[inline(always)]
-        pub(crate) fn closed(&self) {}
-
-        #[inline(always)]
-        pub(crate) fn busy(&self, _reason: BusyReason) {}
-
-        #[inline(always)]
-        pub(crate) fn batch_started(&self, _commands: usize) {}
-
-        #[inline(always)]
-        pub(crate) fn settled(&self, _tally: &LaneTally) {}
-    }
-
-    /// Zero-sized without the `metrics` feature.
-    pub(crate) struct LaneTally;
-
-    impl LaneTally {
-        #[inline(always)]
-        pub(crate) fn new() -> Self {
-            LaneTally
-        }
-
-        #[inline(always)]
-        pub(crate) fn decided(&mut self, _ok: bool) {}
-
-        #[inline(always)]
-        pub(crate) fn panicked(&mut self, _n: usize) {}
-
-        #[inline(always)]
-        pub(crate) fn withdrawn(&mut self, _n: usize) {}
-
-        #[inline(always)]
-        pub(crate) fn waited(&mut self, _entered: &LaneStamp, _now: Instant) {}
-    }
-
-    /// Zero-sized without the `metrics` feature.
-    pub(crate) struct LaneStamp;
-
-    impl LaneStamp {
-        #[inline(always)]
-        pub(crate) fn new(_now: Instant) -> Self {
-            LaneStamp
-        }
-    }
 }
 
 pub(crate) use imp::*;

@@ -1,0 +1,83 @@
+//! The layering ARCHITECTURE.md promises, checked on the sources: the two
+//! front-ends (`src/pool/`, `src/lanes/`) never import each other, the
+//! shared files at the top of `src/` import neither, and no source file
+//! grows past what one reader takes in (about 900 lines).
+//!
+//! Only code is read: comments (doc links to the other front-end are
+//! fine) are skipped.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The longest a file under `src/` may be, in lines.
+const MAX_LINES: usize = 950;
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The file's lines that are code, not comments.
+fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim_start()))
+        .filter(|(_, l)| !l.starts_with("//"))
+}
+
+#[test]
+fn front_ends_and_shared_files_import_only_downwards() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut wrong = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap();
+        let parts: Vec<_> = rel.components().collect();
+        let forbidden: &[&str] = match parts.first().and_then(|c| c.as_os_str().to_str()) {
+            Some("pool") => &["crate::lanes"],
+            Some("lanes") => &["crate::pool"],
+            Some("lib.rs") => &[],
+            // A shared file at the top of `src/`.
+            _ => &["crate::pool", "crate::lanes"],
+        };
+        let text = fs::read_to_string(file).unwrap();
+        for (n, line) in code_lines(&text) {
+            for f in forbidden {
+                if line.contains(f) {
+                    wrong.push(format!("src/{}:{n}: {line}", rel.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports against the layering:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn no_source_file_is_longer_than_a_reader_takes_in() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = fs::read_to_string(f).unwrap().lines().count();
+            (n > MAX_LINES).then(|| format!("{} ({n} lines)", f.display()))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "files over {MAX_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
