@@ -6,6 +6,12 @@
 //! whatever the worker count, and a dropped one leaves nothing once its
 //! messages ended.
 //!
+//! A dispatcher makes its port on a worker when that worker first gets one
+//! of its messages, and keeps it while it lives (an inbox block, the slot
+//! it lends to messages, its lock): about 3 KiB a port for small messages.
+//! So one whose messages ran on every worker is held to 16 KiB + 3 KiB per
+//! worker.
+//!
 //! The figures are exact and repeatable (requested bytes, not RSS), so the
 //! bounds are asserted. Everything runs in one test function: the counter
 //! is process-wide, and a second test running beside it would count too.
@@ -242,11 +248,12 @@ fn idle_components_cost_little_and_dropped_ones_nothing() {
     for w in workers {
         let f = measure(w);
         let dispatcher_bound = (16 + w) as f64 * 1024.0;
+        let busy_dispatcher_bound = (16 + 3 * w) as f64 * 1024.0;
         let receiver_bound = 8.0 * 1024.0;
         if report {
             println!(
-                "workers {w:>3}: idle dispatcher {:.0} B, after running on every worker {:.0} B \
-                 (bound {dispatcher_bound:.0}); idle receiver {:.0} B, tracking commits {:.0} B \
+                "workers {w:>3}: idle dispatcher {:.0} B (bound {dispatcher_bound:.0}), after \
+                 running on every worker {:.0} B (bound {busy_dispatcher_bound:.0}); idle receiver {:.0} B, tracking commits {:.0} B \
                  (bound {receiver_bound:.0}); dropped: 10,000 receivers {} B, 1,000 dispatchers {} B",
                 f.dispatcher,
                 f.busy_dispatcher,
@@ -262,10 +269,10 @@ fn idle_components_cost_little_and_dropped_ones_nothing() {
                 f.dispatcher
             ));
         }
-        if f.busy_dispatcher > dispatcher_bound {
+        if f.busy_dispatcher > busy_dispatcher_bound {
             failures.push(format!(
                 "{w} workers: an idle dispatcher that ran on every worker holds {:.0} B, \
-                 over {dispatcher_bound:.0}",
+                 over {busy_dispatcher_bound:.0}",
                 f.busy_dispatcher
             ));
         }

@@ -337,167 +337,6 @@ impl<K> Hash for dyn KeyProbe<K> + '_ {
     }
 }
 
-/// What a port remembers of the turns keys without a mailbox ran lately:
-/// a key's message that runs in the port's slot counts against the
-/// `throughput` of the key's turn, which is the one it ran in this very
-/// task, or in the task just before it (it only ran dry because its next
-/// messages were still in the inbox); otherwise a fresh one.
-///
-/// Two small open-addressing tables, one per parity of the worker's task
-/// number: a record made in task `t` goes to table `t & 1`, emptied (by a
-/// generation bump) when task `t` first writes to it; so table `t & 1`
-/// holds task `t`'s keys and the other one task `t - 1`'s, if that task
-/// wrote any. A port's turn records every key it runs in the slot, and
-/// takes as many deliveries as its inbox held: a table grows (doubling)
-/// to stay at most a quarter full, so lookups stay exact and short, and
-/// goes back to `TURN_SLOTS` slots when it is emptied after a task that
-/// recorded few keys.
-struct Turns {
-    tables: [TurnTable; 2],
-}
-
-struct TurnTable {
-    /// The task whose keys it holds.
-    tick: u32,
-    /// Entries of another generation are empty.
-    generation: u32,
-    /// Entries of this generation.
-    len: usize,
-    /// A power of two, at least `TURN_SLOTS`.
-    slots: Box<[TurnSlot]>,
-}
-
-#[derive(Clone, Copy, Default)]
-struct TurnSlot {
-    hash: u64,
-    spent: u32,
-    generation: u32,
-}
-
-/// Slots of an empty [`TurnTable`] (a power of two): 64 keys a task
-/// before it grows.
-const TURN_SLOTS: usize = 256;
-
-const _: () = assert!(TURN_SLOTS.is_power_of_two());
-
-impl TurnTable {
-    fn new() -> Self {
-        TurnTable {
-            tick: u32::MAX,
-            generation: 1,
-            len: 0,
-            slots: vec![TurnSlot::default(); TURN_SLOTS].into_boxed_slice(),
-        }
-    }
-
-    /// The slot of `hash`, or the empty one it would go in.
-    #[inline]
-    fn find(&self, hash: u64) -> (usize, bool) {
-        let mask = self.slots.len() - 1;
-        let mut at = hash as usize & mask;
-        loop {
-            let s = &self.slots[at];
-            if s.generation != self.generation {
-                return (at, false);
-            }
-            if s.hash == hash {
-                return (at, true);
-            }
-            at = (at + 1) & mask;
-        }
-    }
-
-    /// Empties the table: a new generation, and the small size again if
-    /// the last task recorded few keys.
-    fn clear(&mut self) {
-        if self.slots.len() > TURN_SLOTS && self.len <= TURN_SLOTS / 4 {
-            *self = TurnTable {
-                tick: self.tick,
-                ..TurnTable::new()
-            };
-            return;
-        }
-        self.len = 0;
-        self.generation = self.generation.wrapping_add(1);
-        if self.generation == 0 {
-            // Wrapped: a slot last written 2^32 generations ago would look
-            // current. Clear them all, once in a long while.
-            self.slots.fill(TurnSlot::default());
-            self.generation = 1;
-        }
-    }
-
-    /// Doubles the table, keeping this generation's entries.
-    #[cold]
-    fn grow(&mut self) {
-        let bigger = vec![TurnSlot::default(); self.slots.len() * 2].into_boxed_slice();
-        let old = std::mem::replace(&mut self.slots, bigger);
-        let generation = self.generation;
-        // The new slots are all of generation 0: empty unless it is 0,
-        // which `clear` never leaves.
-        debug_assert_ne!(generation, 0);
-        for s in old.iter().filter(|s| s.generation == generation) {
-            let (at, _) = self.find(s.hash);
-            self.slots[at] = *s;
-        }
-    }
-}
-
-impl Turns {
-    fn new() -> Self {
-        Turns {
-            tables: [TurnTable::new(), TurnTable::new()],
-        }
-    }
-
-    /// Forgets every record (the port moved to another worker, whose task
-    /// numbers these are not).
-    fn forget(&mut self) {
-        for table in self.tables.iter_mut() {
-            table.clear();
-        }
-    }
-
-    /// Messages the key with `hash` ran in its current turn (`tick` is the
-    /// task running now).
-    #[inline]
-    fn spent(&self, hash: u64, tick: u32) -> u32 {
-        for t in [tick, tick.wrapping_sub(1)] {
-            let table = &self.tables[(t & 1) as usize];
-            if table.tick == t {
-                if let (at, true) = table.find(hash) {
-                    return table.slots[at].spent;
-                }
-            }
-        }
-        0
-    }
-
-    /// The key with `hash` has run `spent` messages in its turn, which
-    /// ended (or goes on) in task `tick`.
-    #[inline]
-    fn record(&mut self, hash: u64, spent: u32, tick: u32) {
-        let table = &mut self.tables[(tick & 1) as usize];
-        if table.tick != tick {
-            table.clear();
-            table.tick = tick;
-        }
-        let (mut at, found) = table.find(hash);
-        if !found {
-            if (table.len + 1) * 4 > table.slots.len() {
-                table.grow();
-                at = table.find(hash).0;
-            }
-            table.len += 1;
-        }
-        table.slots[at] = TurnSlot {
-            hash,
-            spent,
-            generation: table.generation,
-        };
-    }
-}
-
 /// Spare mailboxes a port keeps for keys that get one (a backlog, a
 /// suspended future) at least; it keeps up to as many as it has live
 /// mailboxes (see `drained`), and beyond that a released one is freed.
@@ -620,6 +459,13 @@ impl<P> Drop for Ports<P> {
 }
 
 impl<K, M, H: Handler<K, M>, S> Port<K, M, H, S> {
+    /// Its identity among the ports a worker serves (its address: a port
+    /// lives as long as its dispatcher).
+    #[inline]
+    fn id(&self) -> usize {
+        self as *const Self as usize
+    }
+
     /// Worker `p`'s port, idle and empty.
     fn new(p: usize) -> Self {
         Port {
@@ -631,7 +477,6 @@ impl<K, M, H: Handler<K, M>, S> Port<K, M, H, S> {
             gate: CachePadded::new(SpinLock::new(Gate {
                 closed: false,
                 active: HashMap::default(),
-                turns: Turns::new(),
                 slot: None,
                 lent: None,
                 epoch: 0,
@@ -651,8 +496,6 @@ struct Gate<K, M, H: Handler<K, M>, S> {
     /// The mailboxes of this worker's keys that have work (a backlog, a
     /// running turn, a suspended future). A key without a mailbox has none.
     active: Keys<K, M, H, S>,
-    /// The turns of keys without a mailbox (see [`Turns`]).
-    turns: Turns,
     /// The free mailbox the port lends a message of a key without one.
     slot: Option<MailboxRef<K, M, H, S>>,
     /// The slot out running a message in the turn's owner's hands, if
@@ -1029,8 +872,7 @@ where
             return true;
         }
         crate::pool::metrics::mailboxes(cx, &this.ident.metrics, -1);
-        gate.turns
-            .record(hash, spent.min(u32::MAX as usize) as u32, cx.tick());
+        cx.record_turn(port.id(), hash, spent.min(u32::MAX as usize) as u32);
         // SAFETY: as above: the queue is empty, no future is stored.
         let key = unsafe { mailbox.release(false) };
         // Keep as many spares as the port has live mailboxes, plus a
@@ -1247,12 +1089,7 @@ where
         cx.port_turn(Some(p));
         let mut gate = port.gate.lock();
         gate.until = port.inbox.mark();
-        if gate.runner != cx.index {
-            // Taken from a stuck worker (or back from one): the turn
-            // records were the other worker's tasks'.
-            gate.runner = cx.index;
-            gate.turns.forget();
-        }
+        gate.runner = cx.index;
         let epoch = gate.epoch;
         Self::deliveries(&this, p, gate, epoch, cx);
     }
@@ -1284,7 +1121,6 @@ where
         gate.epoch = gate.epoch.wrapping_add(1);
         let epoch = gate.epoch;
         gate.runner = cx.index;
-        gate.turns.forget();
         drop(slot);
         cx.port_turn(Some(p));
         Self::deliveries(&this, p, gate, epoch, cx);
@@ -1301,7 +1137,7 @@ where
     ) {
         let port = this.ports.made(p);
         let throughput = this.shared.config.throughput as u32;
-        let tick = cx.tick();
+        let port_id = port.id();
         // Whether the turn stopped at its mark with deliveries maybe left.
         let mut more = false;
         let mut held = 0;
@@ -1368,7 +1204,7 @@ where
                 }
             };
             // The key has no mailbox: nothing of it waits or runs.
-            let spent = gate.turns.spent(hash, tick);
+            let spent = cx.turn_spent(port_id, hash);
             if spent < throughput && !this.shared.is_forced() {
                 // Run it now, in the port's slot, with the gate released (a
                 // long handler must not hold up a stop, which takes it).
@@ -1405,7 +1241,7 @@ where
                 gate.lent = None;
                 match step {
                     Step::Done => {
-                        gate.turns.record(hash, spent + 1, tick);
+                        cx.record_turn(port_id, hash, spent + 1);
                         // SAFETY: ours, under the gate, finished.
                         let key = unsafe { slot.release(false) };
                         match gate.slot {
@@ -2231,42 +2067,5 @@ where
         Dispatcher {
             core: Box::new(handle),
         }
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    /// Scrambled, distinct hashes (a turn's keys).
-    fn hashes(n: u64) -> impl Iterator<Item = u64> {
-        (1..=n).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-    }
-
-    #[test]
-    fn a_task_records_any_number_of_keys_exactly_and_the_tables_shrink_back() {
-        let mut turns = Turns::new();
-        // One task (a turn of a long backlog) records 10,000 keys.
-        for (i, h) in hashes(10_000).enumerate() {
-            turns.record(h, (i % 4) as u32 + 1, 7);
-        }
-        assert!(turns.tables[1].slots.len() >= 4 * 10_000);
-        for (i, h) in hashes(10_000).enumerate() {
-            assert_eq!(turns.spent(h, 7), (i % 4) as u32 + 1, "in its own task");
-            assert_eq!(turns.spent(h, 8), (i % 4) as u32 + 1, "in the next task");
-            assert_eq!(turns.spent(h, 9), 0, "two tasks later: a fresh turn");
-        }
-        assert_eq!(turns.spent(12345, 7), 0, "a key not recorded");
-        // Task 9 writes table 1 again: emptied, and small again once the
-        // task after a small one empties it.
-        turns.record(1, 1, 9);
-        assert_eq!(turns.spent(hashes(1).next().unwrap(), 9), 0);
-        assert!(turns.tables[1].slots.len() > TURN_SLOTS, "emptied, kept");
-        turns.record(1, 2, 11);
-        assert_eq!(turns.tables[1].slots.len(), TURN_SLOTS, "back to small");
-        assert_eq!(turns.spent(1, 11), 2);
-        assert_eq!(turns.spent(1, 12), 2);
-        turns.forget();
-        assert_eq!(turns.spent(1, 12), 0);
     }
 }

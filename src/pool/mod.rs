@@ -20,6 +20,7 @@
 //! - `worker.rs`: a worker's queues and its spin-then-park loop.
 //! - `inbox.rs`: a port's multi-producer inbox.
 //! - `task.rs`: the type-erased handle a worker's queue holds.
+//! - `turns.rs`: a worker's record of the turns keys without a mailbox ran.
 //! - `waker.rs`: the crate's own waker over a mailbox (or spawned task).
 //! - `spawn.rs`: `futures_task::Spawn` for unkeyed futures.
 //! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
@@ -40,5 +41,6 @@ pub(crate) mod source;
 pub(crate) mod spawn;
 pub(crate) mod stats;
 pub(crate) mod task;
+pub(crate) mod turns;
 pub(crate) mod waker;
 pub(crate) mod worker;

@@ -32,7 +32,7 @@
 //! longer wait it parks at once. The spin also stops at once when a stop
 //! begins. Under loom the spin loop yields to the scheduler.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -41,6 +41,7 @@ use crate::pool::executor::Shared;
 use crate::pool::observe::StepLocal;
 use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::Task;
+use crate::pool::turns::Turns;
 use crate::sync::atomic::{
     fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*,
 };
@@ -359,6 +360,8 @@ pub(crate) struct WorkerCx<'a> {
     pub(crate) metrics: crate::pool::metrics::WorkerLocal,
     /// The message whose handler runs now (see [`Running`]).
     running: Cell<Running>,
+    /// The turns of keys without a mailbox that ran lately (see `turns.rs`).
+    turns: RefCell<Turns>,
 }
 
 /// What a handler running on a worker holds that a message it sends may
@@ -560,6 +563,22 @@ impl WorkerCx<'_> {
     #[inline]
     pub(crate) fn tick(&self) -> u32 {
         self.ticks.get()
+    }
+
+    /// Messages the key with `hash` of port `port` ran in its current turn
+    /// (see `turns.rs`).
+    #[inline]
+    pub(crate) fn turn_spent(&self, port: usize, hash: u64) -> u32 {
+        self.turns.borrow().spent(port, hash, self.tick())
+    }
+
+    /// The key with `hash` of port `port` has run `spent` messages in its
+    /// turn, which ends (or goes on) in the task running now.
+    #[inline]
+    pub(crate) fn record_turn(&self, port: usize, hash: u64, spent: u32) {
+        self.turns
+            .borrow_mut()
+            .record(port, hash, spent, self.tick());
     }
 
     /// A message of `credit` finished on this worker.
@@ -802,6 +821,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         steps: StepLocal::new(&shared.watch),
         metrics: crate::pool::metrics::WorkerLocal::new(),
         running: Cell::new(Running::Nothing),
+        turns: RefCell::new(Turns::new()),
     };
     CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
     // Allow a spin on the first idle period.

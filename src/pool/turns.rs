@@ -1,0 +1,225 @@
+//! What a worker remembers of the turns of keys without a mailbox.
+//!
+//! A key with nothing queued runs its message at once in its port's slot
+//! (see `dispatcher.rs`); that message counts against the `throughput` of
+//! the key's turn, so a key whose messages keep arriving one at a time
+//! cannot run more than a turn's worth in a row while others wait. Its turn
+//! is the one it ran in this very task, or in the task just before it on
+//! the same worker (it only ran dry because its next messages were still
+//! in the inbox); otherwise a fresh one.
+//!
+//! Two open-addressing tables, one per parity of the worker's task number:
+//! a record made in task `t` goes to table `t & 1`, emptied (by a
+//! generation bump) when task `t` first writes to it; so table `t & 1`
+//! holds task `t`'s keys and the other one task `t - 1`'s, if that task
+//! wrote any. A record is keyed by the key's hash and its port (a worker
+//! serves the ports of many dispatchers). A port's turn records every key
+//! it runs in the slot and takes as many deliveries as its inbox held, so
+//! a table grows (doubling) to stay at most a quarter full — lookups stay
+//! exact and short — and goes back to [`SLOTS`] slots when it is emptied
+//! after a task that recorded few keys.
+//!
+//! The tables belong to the worker's thread (`WorkerCx`), not to a port:
+//! one pair per worker, whatever the number of dispatchers.
+
+/// Slots of an empty table (a power of two): 64 keys a task before it
+/// grows.
+const SLOTS: usize = 256;
+
+const _: () = assert!(SLOTS.is_power_of_two());
+
+/// See the module docs.
+pub(crate) struct Turns {
+    tables: [Table; 2],
+}
+
+struct Table {
+    /// The task whose keys it holds.
+    tick: u32,
+    /// Entries of another generation are empty.
+    generation: u32,
+    /// Entries of this generation.
+    len: usize,
+    /// A power of two, at least `SLOTS`.
+    slots: Box<[Record]>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Record {
+    hash: u64,
+    /// The port the key belongs to (its address).
+    port: usize,
+    spent: u32,
+    generation: u32,
+}
+
+impl Table {
+    fn new() -> Self {
+        Table {
+            tick: u32::MAX,
+            generation: 1,
+            len: 0,
+            slots: vec![Record::default(); SLOTS].into_boxed_slice(),
+        }
+    }
+
+    /// The slot of (`port`, `hash`), or the empty one it would go in.
+    #[inline]
+    fn find(&self, port: usize, hash: u64) -> (usize, bool) {
+        let mask = self.slots.len() - 1;
+        let mut at = (hash ^ port as u64) as usize & mask;
+        loop {
+            let s = &self.slots[at];
+            if s.generation != self.generation {
+                return (at, false);
+            }
+            if s.hash == hash && s.port == port {
+                return (at, true);
+            }
+            at = (at + 1) & mask;
+        }
+    }
+
+    /// Empties the table: a new generation, and the small size again if
+    /// the last task recorded few keys.
+    fn clear(&mut self) {
+        if self.slots.len() > SLOTS && self.len <= SLOTS / 4 {
+            *self = Table {
+                tick: self.tick,
+                ..Table::new()
+            };
+            return;
+        }
+        self.len = 0;
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            // Wrapped: a slot last written 2^32 generations ago would look
+            // current. Clear them all, once in a long while.
+            self.slots.fill(Record::default());
+            self.generation = 1;
+        }
+    }
+
+    /// Doubles the table, keeping this generation's entries.
+    #[cold]
+    fn grow(&mut self) {
+        let bigger = vec![Record::default(); self.slots.len() * 2].into_boxed_slice();
+        let old = std::mem::replace(&mut self.slots, bigger);
+        let generation = self.generation;
+        // The new slots are all of generation 0: empty unless it is 0,
+        // which `clear` never leaves.
+        debug_assert_ne!(generation, 0);
+        for s in old.iter().filter(|s| s.generation == generation) {
+            let (at, _) = self.find(s.port, s.hash);
+            self.slots[at] = *s;
+        }
+    }
+}
+
+impl Turns {
+    pub(crate) fn new() -> Self {
+        Turns {
+            tables: [Table::new(), Table::new()],
+        }
+    }
+
+    /// Messages the key with `hash` of `port` ran in its current turn
+    /// (`tick` is the task running now).
+    #[inline]
+    pub(crate) fn spent(&self, port: usize, hash: u64, tick: u32) -> u32 {
+        for t in [tick, tick.wrapping_sub(1)] {
+            let table = &self.tables[(t & 1) as usize];
+            if table.tick == t {
+                if let (at, true) = table.find(port, hash) {
+                    return table.slots[at].spent;
+                }
+            }
+        }
+        0
+    }
+
+    /// The key with `hash` of `port` has run `spent` messages in its turn,
+    /// which ended (or goes on) in task `tick`.
+    #[inline]
+    pub(crate) fn record(&mut self, port: usize, hash: u64, spent: u32, tick: u32) {
+        let table = &mut self.tables[(tick & 1) as usize];
+        if table.tick != tick {
+            table.clear();
+            table.tick = tick;
+        }
+        let (mut at, found) = table.find(port, hash);
+        if !found {
+            if (table.len + 1) * 4 > table.slots.len() {
+                table.grow();
+                at = table.find(port, hash).0;
+            }
+            table.len += 1;
+        }
+        table.slots[at] = Record {
+            hash,
+            port,
+            spent,
+            generation: table.generation,
+        };
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Scrambled, distinct hashes (a turn's keys).
+    fn hashes(n: u64) -> impl Iterator<Item = u64> {
+        (1..=n).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    #[test]
+    fn a_task_records_any_number_of_keys_exactly_and_the_tables_shrink_back() {
+        let mut turns = Turns::new();
+        // One task (a turn of a long backlog) records 10,000 keys.
+        for (i, h) in hashes(10_000).enumerate() {
+            turns.record(1, h, (i % 4) as u32 + 1, 7);
+        }
+        assert!(turns.tables[1].slots.len() >= 4 * 10_000);
+        for (i, h) in hashes(10_000).enumerate() {
+            assert_eq!(turns.spent(1, h, 7), (i % 4) as u32 + 1, "in its own task");
+            assert_eq!(turns.spent(1, h, 8), (i % 4) as u32 + 1, "in the next task");
+            assert_eq!(turns.spent(1, h, 9), 0, "two tasks later: a fresh turn");
+        }
+        assert_eq!(turns.spent(1, 12345, 7), 0, "a key not recorded");
+        // Task 9 writes table 1 again: emptied, and small again once the
+        // task after a small one empties it.
+        turns.record(1, 1, 1, 9);
+        assert_eq!(turns.spent(1, hashes(1).next().unwrap(), 9), 0);
+        assert!(turns.tables[1].slots.len() > SLOTS, "emptied, kept");
+        turns.record(1, 1, 2, 11);
+        assert_eq!(turns.tables[1].slots.len(), SLOTS, "back to small");
+        assert_eq!(turns.spent(1, 1, 11), 2);
+        assert_eq!(turns.spent(1, 1, 12), 2);
+        assert_eq!(turns.spent(1, 1, 13), 0);
+    }
+
+    #[test]
+    fn keys_of_different_ports_are_apart() {
+        let mut turns = Turns::new();
+        turns.record(0x1000, 42, 3, 5);
+        turns.record(0x2000, 42, 1, 5);
+        assert_eq!(turns.spent(0x1000, 42, 5), 3);
+        assert_eq!(turns.spent(0x2000, 42, 5), 1);
+        assert_eq!(turns.spent(0x3000, 42, 5), 0);
+    }
+
+    #[test]
+    fn the_generation_wrapping_clears_every_slot() {
+        let mut turns = Turns::new();
+        turns.record(1, 9, 4, 0);
+        turns.tables[0].generation = u32::MAX;
+        turns.tables[0].slots[0].generation = u32::MAX;
+        // Task 2 writes table 0 again: the generation wraps to 0, and the
+        // table is cleared rather than letting generation-0 slots look live.
+        turns.record(1, 10, 1, 2);
+        assert_eq!(turns.tables[0].generation, 1);
+        assert_eq!(turns.spent(1, 9, 2), 0);
+        assert_eq!(turns.spent(1, 10, 2), 1);
+    }
+}
