@@ -68,6 +68,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
+/// What the executor's own buffers may move by between two readings (see
+/// the dropped-components checks).
+const DROPPED_SLACK: isize = 4096;
+
 fn net() -> isize {
     NET.load(Relaxed)
 }
@@ -289,13 +293,17 @@ fn idle_components_cost_little_and_dropped_ones_nothing() {
                 f.receiver
             ));
         }
-        if f.dropped_receivers > 0 {
+        // What the executor itself keeps (its workers' queues hold a block
+        // or two of task slots, allocated and freed as tasks pass) may
+        // move by a block between two readings: a few KiB for 10,000
+        // components, where a leak of one word each would be 80 KB.
+        if f.dropped_receivers > DROPPED_SLACK {
             failures.push(format!(
                 "{w} workers: 10,000 dropped receivers left {} B",
                 f.dropped_receivers
             ));
         }
-        if f.dropped_dispatchers > 0 {
+        if f.dropped_dispatchers > DROPPED_SLACK {
             failures.push(format!(
                 "{w} workers: 1,000 dropped dispatchers left {} B",
                 f.dropped_dispatchers

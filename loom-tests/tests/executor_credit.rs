@@ -315,7 +315,12 @@ fn close_vs_release_vs_submit_blocking() {
         let gate = Gate::new();
         let ex = executor(1, 16);
         let d = scripted(&ex, &log);
-        let r = d.receiver(1).unwrap();
+        let r = d
+            .receiver_builder()
+            .max_in_flight(1)
+            .track_commits(true)
+            .build()
+            .unwrap();
         let first = r.submit_blocking(0, Msg::gated(1, &gate)).unwrap();
         let r = StdArc::new(r);
         let r2 = r.clone();
