@@ -1162,6 +1162,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "counts threads through /proc, which Miri isolates")]
     fn the_thread_starts_on_first_use_and_exits_on_drop() {
         let name = "tmr-lifecycle";
         let timers = Timers::with_name(name);
@@ -1198,6 +1199,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "counts threads through /proc, which Miri isolates")]
     fn a_waker_may_drop_the_timers_on_its_thread() {
         let name = "tmr-self-drop";
         let slot: Arc<StdMutex<Option<Timers>>> = Arc::new(StdMutex::new(None));
