@@ -1002,7 +1002,9 @@ mod tests {
     fn many_deadlines_fire_in_order_and_not_early() {
         let timers = Timers::with_name("tmr-order");
         let fired: Arc<StdMutex<Vec<(usize, Instant)>>> = Arc::default();
-        let base = Instant::now() + ms(20);
+        // Far enough ahead that every insert lands before the first fires
+        // (Miri runs the inserts hundreds of times slower).
+        let base = Instant::now() + ms(if cfg!(miri) { 2_000 } else { 20 });
         let n = 300;
         let mut deadlines = Vec::new();
         for i in 0..n {
@@ -1013,13 +1015,20 @@ mod tests {
             let waker = Waker::from(Arc::new(Record(i, fired)));
             let _ = timers.insert(at, &waker).unwrap();
         }
-        assert_eq!(timers.len(), n);
+        let inserted = Instant::now();
         assert!(eventually(|| fired.lock().unwrap().len() == n));
         let fired = fired.lock().unwrap().clone();
         for (i, woken_at) in &fired {
             assert!(*woken_at >= deadlines[*i], "entry {i} fired early");
         }
-        for pair in fired.windows(2) {
+        // Order is promised among entries that were all in the heap when
+        // they fell due: on a stalled machine the first may fire before
+        // the last insert.
+        let queued: Vec<_> = fired
+            .iter()
+            .filter(|(i, _)| deadlines[*i] > inserted)
+            .collect();
+        for pair in queued.windows(2) {
             assert!(
                 deadlines[pair[0].0] <= deadlines[pair[1].0],
                 "fired out of order"

@@ -574,10 +574,14 @@ pub fn designs(w: Workload) -> Vec<Spec> {
 }
 
 /// Whether `KEYED_BENCH_DESIGNS` (comma-separated substrings of the row
-/// labels; unset or empty: all) selects the row `name`.
+/// labels, or `=label` for exactly one row; unset or empty: all) selects
+/// the row `name`.
 pub fn design_selected(name: &str) -> bool {
     match std::env::var("KEYED_BENCH_DESIGNS") {
-        Ok(filter) if !filter.is_empty() => filter.split(',').any(|f| name.contains(f.trim())),
+        Ok(filter) if !filter.is_empty() => filter.split(',').map(str::trim).any(|f| {
+            f.strip_prefix('=')
+                .map_or_else(|| name.contains(f), |exact| name == exact)
+        }),
         _ => true,
     }
 }
