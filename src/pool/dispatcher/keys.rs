@@ -1,0 +1,289 @@
+//! A port's key map: the mailboxes of its keys with work, found by the
+//! submitter's hash, and their retirement when they drain.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+
+use crate::error::Panic;
+use crate::pool::handler::Handler;
+use crate::pool::mailbox::Mailbox;
+use crate::pool::worker::WorkerCx;
+use crate::sync::Arc;
+
+use super::port::Gate;
+use super::{DispatcherInner, MailboxRef};
+
+pub(super) type Keys<K, M, H, S> =
+    HashMap<Hashed<K>, MailboxRef<K, M, H, S>, BuildHasherDefault<PassThrough>>;
+
+/// the user's `Hash` again (only `Eq`).
+pub(crate) struct Hashed<K> {
+    pub(super) hash: u64,
+    pub(super) key: K,
+}
+
+impl<K> Hash for Hashed<K> {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl<K: Eq> PartialEq for Hashed<K> {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.key == other.key
+    }
+}
+
+impl<K: Eq> Eq for Hashed<K> {}
+
+/// The hasher of a port's map: hands the submitter's hash through.
+#[derive(Default)]
+pub(crate) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (by `Hashed`); fold anything else in.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A borrowed (hash, key) to look a key up in a port's map without owning
+/// it (`Hashed<K>: Borrow<dyn KeyProbe<K>>`).
+pub(crate) trait KeyProbe<K> {
+    fn probe(&self) -> (u64, &K);
+}
+
+impl<K> KeyProbe<K> for Hashed<K> {
+    #[inline]
+    fn probe(&self) -> (u64, &K) {
+        (self.hash, &self.key)
+    }
+}
+
+impl<K> KeyProbe<K> for (u64, &K) {
+    #[inline]
+    fn probe(&self) -> (u64, &K) {
+        (self.0, self.1)
+    }
+}
+
+impl<'a, K: 'a> std::borrow::Borrow<dyn KeyProbe<K> + 'a> for Hashed<K> {
+    #[inline]
+    fn borrow(&self) -> &(dyn KeyProbe<K> + 'a) {
+        self
+    }
+}
+
+impl<K: Eq> PartialEq for dyn KeyProbe<K> + '_ {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        let ((h1, k1), (h2, k2)) = (self.probe(), other.probe());
+        h1 == h2 && k1 == k2
+    }
+}
+
+impl<K: Eq> Eq for dyn KeyProbe<K> + '_ {}
+
+impl<K> Hash for dyn KeyProbe<K> + '_ {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.probe().0);
+    }
+}
+
+/// Spare mailboxes a port keeps for keys that get one (a backlog, a
+/// suspended future) at least; it keeps up to as many as it has live
+/// mailboxes (see `drained`), and beyond that a released one is freed.
+pub(super) const SPARES: usize = 32;
+
+/// The outcome of looking a delivery's key up in a port's map.
+pub(super) enum Lookup<K, M, H: Handler<K, M>, S> {
+    /// The key has a mailbox (in the map); the key is handed back too.
+    Active(NonNull<Mailbox<K, M, H, S>>, K),
+    /// It has none: the key is handed back.
+    Absent(K),
+}
+
+/// A mailbox's pointer from its `Arc` (`Arc::as_ptr` keeps the provenance
+/// of the whole allocation, which `arc_clone_raw` needs).
+#[inline]
+pub(super) fn mailbox_ptr<K, M, H: Handler<K, M>, S>(
+    m: &MailboxRef<K, M, H, S>,
+) -> NonNull<Mailbox<K, M, H, S>> {
+    // SAFETY: an `Arc`'s pointer is never null.
+    unsafe { NonNull::new_unchecked(Arc::as_ptr(m).cast_mut()) }
+}
+
+impl<K, M, H, S> DispatcherInner<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    /// Looks a delivery's key up among the port's active mailboxes (the
+    /// gate held). `Err` if the key's `Eq` panicked (user code).
+    #[inline]
+    pub(super) fn lookup(
+        gate: &Gate<K, M, H, S>,
+        hash: u64,
+        key: K,
+    ) -> Result<Lookup<K, M, H, S>, (K, Panic)> {
+        if gate.active.is_empty() {
+            return Ok(Lookup::Absent(key));
+        }
+        let found = catch_unwind(AssertUnwindSafe(|| {
+            gate.active
+                .get(&(hash, &key) as &dyn KeyProbe<K>)
+                .map(|m| mailbox_ptr(m))
+        }));
+        match found {
+            Ok(Some(m)) => Ok(Lookup::Active(m, key)),
+            Ok(None) => Ok(Lookup::Absent(key)),
+            Err(payload) => Err((key, Panic::new(payload))),
+        }
+    }
+
+    /// A free mailbox for port `p`: a spare, or a new one.
+    pub(super) fn spare(
+        this: &Arc<Self>,
+        gate: &mut Gate<K, M, H, S>,
+        p: usize,
+    ) -> MailboxRef<K, M, H, S> {
+        gate.spares
+            .pop()
+            .unwrap_or_else(|| Arc::new(Mailbox::new(p, this.clone())))
+    }
+
+    /// Puts `mailbox` (assigned to its key, not yet in the map) into the
+    /// port's map. `Err` (the mailbox back) if the key's `Clone` or `Eq`
+    /// panicked.
+    pub(super) fn activate(
+        &self,
+        gate: &mut Gate<K, M, H, S>,
+        mailbox: &MailboxRef<K, M, H, S>,
+    ) -> Result<(), Panic> {
+        // SAFETY: under the gate, the mailbox is ours and has a key.
+        let (hash, key) = unsafe { (mailbox.hash(), mailbox.key()) };
+        let active = &mut gate.active;
+        let inserted = catch_unwind(AssertUnwindSafe(|| {
+            active.insert(
+                Hashed {
+                    hash,
+                    key: key.clone(),
+                },
+                mailbox.clone(),
+            )
+        }));
+        match inserted {
+            Ok(old) => {
+                debug_assert!(old.is_none(), "a key got a second mailbox");
+                Ok(())
+            }
+            Err(payload) => Err(Panic::new(payload)),
+        }
+    }
+
+    /// A mailbox's runner found its queue empty (see `Mailbox::turn`):
+    /// under the port's gate, if it still is, the mailbox leaves the map and
+    /// goes back to the port's spares (`None`); a message that arrived
+    /// meanwhile keeps it (`Some`, go on).
+    pub(crate) fn drained(
+        mailbox: &MailboxRef<K, M, H, S>,
+        cx: &WorkerCx<'_>,
+        spent: usize,
+    ) -> bool {
+        let this = &mailbox.dispatcher_ref();
+        let port = this.ports.made(mailbox.port());
+        let mut gate = port.gate.lock();
+        // SAFETY: we own the turn and hold the gate.
+        if !unsafe { mailbox.still_empty() } {
+            return false;
+        }
+        if gate.closed || this.shared.is_forced() {
+            // A force stop took (or takes) the map: it hands back the rest.
+            // SAFETY: as above.
+            let _ = unsafe { mailbox.release(true) };
+            return true;
+        }
+        // SAFETY: as above: a mailbox in the map has a key.
+        let hash = unsafe { mailbox.hash() };
+        let active = &mut gate.active;
+        // `Eq` is user code: if it panics, or is not reflexive, the
+        // mailbox stays in the map, closed; nothing is queued in it, and a
+        // delivery that finds it fails its message.
+        let removed = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: as above.
+            let key = unsafe { mailbox.key() };
+            active.remove(&(hash, key) as &dyn KeyProbe<K>).is_some()
+        }));
+        if !matches!(removed, Ok(true)) {
+            // SAFETY: as above.
+            let _ = unsafe { mailbox.release(true) };
+            return true;
+        }
+        crate::pool::metrics::mailboxes(cx, &this.ident.metrics, -1);
+        cx.record_turn(port.id(), hash, spent.min(u32::MAX as usize) as u32);
+        // SAFETY: as above: the queue is empty, no future is stored.
+        let key = unsafe { mailbox.release(false) };
+        // Keep as many spares as the port has live mailboxes, plus a
+        // quarter, plus `SPARES`: keys whose handlers suspend (async I/O)
+        // each hold a mailbox while they wait, and with a fixed cap every
+        // message paid an allocation and a free (W3). The margin absorbs a
+        // burst of completions (a device finishing many futures at once):
+        // with the cap at the live count exactly, each drain of a burst
+        // lowered the cap by one and freed two mailboxes, which the next
+        // burst of new keys allocated again. As the live ones drain, one
+        // excess spare goes per drain, so the spares follow them down; the
+        // last live one's drain keeps `SPARES` and lets the rest go.
+        let live = gate.active.len();
+        let keep = SPARES + live + live / 4;
+        let excess: Vec<MailboxRef<K, M, H, S>> = if live == 0 && gate.spares.len() > SPARES {
+            gate.spares.split_off(SPARES)
+        } else if gate.spares.len() < keep {
+            gate.spares.push(mailbox.clone());
+            Vec::new()
+        } else if gate.spares.len() > keep {
+            gate.spares.pop().into_iter().collect()
+        } else {
+            Vec::new()
+        };
+        drop(gate);
+        drop(excess);
+        // The key's `Drop` is user code, out of the gate.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+        this.maybe_deregister();
+        true
+    }
+
+    /// (keys with work in a mailbox, free mailboxes kept for reuse, map
+    /// entries plus slots out running).
+    pub(super) fn count_mailboxes(&self) -> (usize, usize, usize) {
+        let (mut live, mut free, mut all) = (0, 0, 0);
+        for (_, port) in self.ports.iter() {
+            let gate = port.gate.lock();
+            let lent = usize::from(gate.lent.is_some());
+            all += gate.active.len() + lent;
+            live += gate.active.values().filter(|m| !m.is_closed()).count() + lent;
+            free += gate.spares.len() + usize::from(gate.slot.is_some());
+        }
+        (live, free, all)
+    }
+}

@@ -1,0 +1,333 @@
+//! A port's turn: the deliveries its inbox held when it began.
+//!
+//! # Fairness: a turn takes what its inbox held when it began
+//!
+//! A turn begins with a mark of its inbox's tail (`Inbox::mark`) and takes
+//! every delivery claimed before it, however many (the credit of the
+//! sources bounds them); what is pushed after the mark waits for the
+//! port's next turn, which the port queues behind the worker's other
+//! tasks. A mailbox the turn gives a queued message (a key whose turn was
+//! spent in the slot) or that yields meanwhile goes to the back of the
+//! worker's queue while the turn still runs, so it gets no second turn
+//! before the turn has delivered everything that was waiting when it
+//! began. That is the fairness bound for messages still in the inbox: a
+//! key whose message waited there runs after at most one turn of each
+//! busier key, whatever the backlog ahead of it. (Cut after a fixed number
+//! of deliveries, a turn would let the mailboxes it made run a second turn
+//! before it came back for the rest.) A delivery claimed before the mark
+//! but not yet written ends the turn early: its producer schedules the
+//! port again, as after any push. Deliveries a source stop took out of
+//! the inbox while the turn ran (the gate's `deferred`, ahead of the
+//! inbox) are all taken, even those pushed after the mark: they stand
+//! ahead of the inbox, and the credit bounds them as it bounds the rest. A turn lets its gate go every
+//! `GATE_HOLD` deliveries, so that a stop or a retiring mailbox never
+//! waits for a whole backlog.
+//!
+//! A bucket keeps the port it was placed on for the dispatcher's life.
+//! Port `p` belongs to worker `p`: its task is queued there, and its
+//! mailboxes run there. Its task carries the port's index (the task's
+//! tag), so that another worker can run it when work conservation moves
+//! it (see `executor.rs`): for that turn only.
+
+use std::hash::{BuildHasher, Hash};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::error::Panic;
+use crate::pool::handler::Handler;
+use crate::pool::inbox::Popped;
+use crate::pool::mailbox::{Mailbox, Step};
+use crate::pool::task::Task;
+use crate::pool::worker::WorkerCx;
+use crate::sync::atomic::fence;
+use crate::sync::atomic::Ordering::*;
+use crate::sync::{Arc, SpinGuard};
+
+use super::keys::{mailbox_ptr, Lookup};
+use super::port::{Delivery, Gate, Lent, PORT_IDLE, PORT_RUNNING, PORT_SCHEDULED};
+use super::{DispatcherInner, MailboxRef};
+
+/// Deliveries a port's turn takes in a row before it lets its gate go
+/// for a moment (a stop, a retiring mailbox or a look for a takeover may
+/// be waiting for it); the turn goes on after. (Loom models never reach
+/// it: each lock is a scheduling point, and the turn owns nothing at that
+/// moment that another thread could take.)
+pub(super) const GATE_HOLD: usize = 64;
+
+impl<K, M, H, S> DispatcherInner<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    /// Port `p`'s turn on `cx`'s worker: take the deliveries its inbox
+    /// holds now, in order (see "Fairness" and `mailbox.rs`).
+    pub(super) fn run_port(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
+        let port = this.ports.made(p);
+        port.state.store(PORT_RUNNING, SeqCst);
+        cx.port_turn(Some(p));
+        let mut gate = port.gate.lock();
+        gate.until = port.inbox.mark();
+        gate.runner = cx.index;
+        let epoch = gate.epoch;
+        Self::deliveries(&this, p, gate, epoch, cx);
+    }
+
+    /// A takeover (see "Taking over a turn"): if port `p`'s turn is still
+    /// running a message in its slot, this worker takes the rest of the
+    /// turn; the slot becomes its key's mailbox, so that key's next
+    /// messages queue behind the running one.
+    pub(super) fn take_over(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
+        let port = this.ports.made(p);
+        port.rescue.store(false, Release);
+        let mut gate = port.gate.lock();
+        let Some(Lent(slot)) = gate.lent else {
+            // The runner is back from its slot: its turn goes on.
+            return;
+        };
+        if gate.closed || this.shared.is_forced() {
+            return;
+        }
+        // SAFETY: the lent slot is alive while `lent` is set (its runner
+        // holds it), and `Arc::as_ptr` made the pointer.
+        let slot = unsafe { crate::sync::arc_clone_raw(slot.as_ptr().cast_const()) };
+        if this.activate(&mut gate, &slot).is_err() {
+            // The key's `Clone` or `Eq` panicked: leave the turn to its runner.
+            return;
+        }
+        crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
+        gate.lent = None;
+        gate.epoch = gate.epoch.wrapping_add(1);
+        let epoch = gate.epoch;
+        gate.runner = cx.index;
+        drop(slot);
+        cx.port_turn(Some(p));
+        Self::deliveries(&this, p, gate, epoch, cx);
+    }
+
+    /// The body of port `p`'s turn, owned while the gate's epoch is
+    /// `epoch`.
+    pub(super) fn deliveries<'a>(
+        this: &'a Arc<Self>,
+        p: usize,
+        mut gate: SpinGuard<'a, Gate<K, M, H, S>>,
+        epoch: u32,
+        cx: &WorkerCx<'_>,
+    ) {
+        let port = this.ports.made(p);
+        let throughput = this.shared.config.throughput as u32;
+        let port_id = port.id();
+        // Whether the turn stopped at its mark with deliveries maybe left.
+        let mut more = false;
+        let mut held = 0;
+        loop {
+            if gate.closed {
+                break;
+            }
+            held += 1;
+            if held > GATE_HOLD {
+                // Nothing is lent: the turn cannot be taken over meanwhile.
+                drop(gate);
+                gate = port.gate.lock();
+                held = 1;
+                if gate.closed {
+                    break;
+                }
+            }
+            // Deliveries a source stop took out of the inbox first: they
+            // were there before any the inbox still holds.
+            let next = match gate.deferred.pop_front() {
+                Some(d) => {
+                    if gate.deferred.is_empty() {
+                        port.deferred.store(false, Relaxed);
+                    }
+                    d
+                }
+                // SAFETY: we hold the gate: the only consumer.
+                None => match unsafe { port.inbox.pop_before(gate.until) } {
+                    Popped::Value(d, stamp) => (d, stamp),
+                    Popped::Past => {
+                        more = true;
+                        break;
+                    }
+                    Popped::Unwritten => break,
+                },
+            };
+            let (Delivery { key, hash, env }, stamp) = next;
+            if env.held.source.get().is_stopped() {
+                // Its source is stopping: hand it back, do not start it.
+                drop(gate);
+                Self::hand_over(this, &key, env);
+                gate = port.gate.lock();
+                continue;
+            }
+            let key = match Self::lookup(&gate, hash, key) {
+                Ok(Lookup::Active(m, key)) => {
+                    // SAFETY: in the map, under the gate.
+                    if let Err(env) = unsafe { m.as_ref() }.deliver(env, stamp) {
+                        // Closed (a force stop under way, or a key whose
+                        // `Eq` failed it): handed back.
+                        drop(gate);
+                        this.reject(&key, env);
+                        gate = port.gate.lock();
+                    }
+                    continue;
+                }
+                Ok(Lookup::Absent(key)) => key,
+                Err((key, p)) => {
+                    drop(gate);
+                    this.fail_unkeyed(env, p);
+                    drop(key);
+                    gate = port.gate.lock();
+                    continue;
+                }
+            };
+            // The key has no mailbox: nothing of it waits or runs.
+            let spent = cx.turn_spent(port_id, hash);
+            if spent < throughput && !this.shared.is_forced() {
+                // Run it now, in the port's slot, with the gate released (a
+                // long handler must not hold up a stop, which takes it).
+                let slot = match gate.slot.take() {
+                    Some(slot) => slot,
+                    None => Self::spare(this, &mut gate, p),
+                };
+                // SAFETY: the slot is free and we hold the gate.
+                unsafe {
+                    slot.assign(key, hash);
+                    slot.lend();
+                }
+                gate.lent = Some(Lent(mailbox_ptr(&slot)));
+                drop(gate);
+                cx.step();
+                // SAFETY: the slot is ours (`RUNNING`), with a key, no future.
+                let step = unsafe { Mailbox::start(&slot, env, stamp, cx) };
+                gate = port.gate.lock();
+                if gate.epoch != epoch {
+                    // Taken over while the message ran: the turn is another
+                    // worker's, and the slot its key's mailbox, in the map
+                    // (maybe with messages queued): go on as that mailbox.
+                    drop(gate);
+                    cx.port_turn(None);
+                    match step {
+                        Step::Done => {
+                            let left = (throughput - spent - 1) as usize;
+                            Mailbox::turn(slot, cx, left);
+                        }
+                        Step::Pending => Mailbox::after_pending(slot, cx),
+                    }
+                    return;
+                }
+                gate.lent = None;
+                match step {
+                    Step::Done => {
+                        cx.record_turn(port_id, hash, spent + 1);
+                        // SAFETY: ours, under the gate, finished.
+                        let key = unsafe { slot.release(false) };
+                        match gate.slot {
+                            None => gate.slot = Some(slot),
+                            Some(_) => gate.spares.push(slot),
+                        }
+                        if std::mem::needs_drop::<K>() {
+                            drop(gate);
+                            let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+                            gate = port.gate.lock();
+                        }
+                    }
+                    Step::Pending => {
+                        // The slot becomes the key's mailbox. (After a force
+                        // stop emptied the port, the runner cancels it.)
+                        if !gate.closed {
+                            if let Err(p) = this.activate(&mut gate, &slot) {
+                                drop(gate);
+                                this.stray_pending(slot, p, cx);
+                                gate = port.gate.lock();
+                                continue;
+                            }
+                            crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
+                        }
+                        drop(gate);
+                        Mailbox::after_pending(slot, cx);
+                        gate = port.gate.lock();
+                    }
+                }
+            } else {
+                // Its turn is spent (or a force stop began): it gets a
+                // mailbox with this message queued, at the back of the
+                // worker's queue, as a mailbox that used up its turn goes.
+                let m = Self::spare(this, &mut gate, p);
+                // SAFETY: free, under the gate.
+                unsafe { m.assign(key, hash) };
+                if let Err(p) = this.activate(&mut gate, &m) {
+                    // SAFETY: free, under the gate.
+                    let key = unsafe { m.take_key() };
+                    drop(gate);
+                    this.fail_unkeyed(env, p);
+                    let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+                    gate = port.gate.lock();
+                    continue;
+                }
+                crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
+                // SAFETY: free, assigned, under the gate.
+                unsafe { m.schedule_with(env, stamp) };
+                drop(gate);
+                cx.requeue_local(Task::new(m));
+                gate = port.gate.lock();
+            }
+        }
+        if more {
+            more = !port.inbox.is_empty() || !gate.deferred.is_empty();
+        }
+        drop(gate);
+        cx.port_turn(None);
+        if more {
+            // Fairness: what was pushed during the turn waits behind the
+            // worker's other tasks, the mailboxes this turn queued
+            // included (see "Fairness").
+            port.state.store(PORT_SCHEDULED, SeqCst);
+            cx.requeue_local(Task::tagged(this.clone(), p));
+            return;
+        }
+        port.state.store(PORT_IDLE, SeqCst);
+        fence(SeqCst);
+        // A submitter that pushed before our store sees `RUNNING` or
+        // `SCHEDULED` and leaves the scheduling to us. Re-queue only for a
+        // value that is there: one claimed but not yet written makes
+        // `is_empty` false while `pop` sees nothing, and its producer,
+        // which reads the state after its push, schedules us itself.
+        if !port.inbox.is_empty() || port.deferred.load(SeqCst) {
+            let ready = {
+                let gate = port.gate.lock();
+                // SAFETY: we hold the gate: the only consumer.
+                !gate.closed && (!gate.deferred.is_empty() || unsafe { port.inbox.has_ready() })
+            };
+            if ready
+                && port
+                    .state
+                    .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
+                    .is_ok()
+            {
+                cx.push_local(Task::tagged(this.clone(), p));
+                return;
+            }
+        }
+        if this.handles.load(Acquire) == 0 {
+            this.maybe_deregister();
+        }
+    }
+
+    /// A suspended future whose key could not be put in the map (its
+    /// `Clone` or `Eq` panicked): nothing could deliver its key's next
+    /// messages to it, so it is cancelled here, its message failed.
+    #[cold]
+    pub(super) fn stray_pending(
+        &self,
+        slot: MailboxRef<K, M, H, S>,
+        _panic: Panic,
+        cx: &WorkerCx<'_>,
+    ) {
+        let _ = cx;
+        // SAFETY: the slot is still ours (`RUNNING`, not in the map).
+        unsafe { slot.cancel_current() };
+        slot.close();
+    }
+}
