@@ -16,7 +16,7 @@ use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
 
-use super::port::{PORT_IDLE, PORT_RUNNING, TAKEOVER};
+use super::port::{Claim, TAKEOVER_TAG};
 use super::DispatcherInner;
 
 impl<K, M, H, S> Runnable for DispatcherInner<K, M, H, S>
@@ -28,8 +28,8 @@ where
 {
     /// A port task (`tag`: the port, and whether to take over its turn).
     fn run(this: Arc<Self>, cx: &WorkerCx<'_>, tag: usize) {
-        if tag & TAKEOVER != 0 {
-            Self::take_over(this, tag & !TAKEOVER, cx);
+        if tag & TAKEOVER_TAG != 0 {
+            Self::take_over(this, tag & !TAKEOVER_TAG, cx);
         } else {
             Self::run_port(this, tag, cx);
         }
@@ -37,11 +37,8 @@ where
 
     /// A force stop empties inboxes itself; the port just goes idle.
     fn cancel(this: Arc<Self>, tag: usize) {
-        if tag & TAKEOVER != 0 {
-            this.ports
-                .made(tag & !TAKEOVER)
-                .rescue
-                .store(false, Release);
+        if tag & TAKEOVER_TAG != 0 {
+            this.ports.made(tag & !TAKEOVER_TAG).state.clear_takeover();
         }
         drop(this);
     }
@@ -103,22 +100,19 @@ where
 
     fn takeover(&self, stuck: usize) -> Option<Task> {
         let (p, _) = self.0.ports.iter().find(|(_, port)| {
-            port.state.load(SeqCst) == PORT_RUNNING
-                && (!port.inbox.is_empty() || port.deferred.load(SeqCst))
+            port.state.is_running()
+                && (!port.inbox.is_empty() || port.state.has_deferred())
                 && {
                     let gate = port.gate.lock();
                     gate.runner == stuck && gate.lent.is_some()
                 }
-                && !port.rescue.swap(true, AcqRel)
+                && port.state.claim_takeover() == Claim::Won
         })?;
-        Some(Task::tagged(self.0.clone(), p | TAKEOVER))
+        Some(Task::tagged(self.0.clone(), p | TAKEOVER_TAG))
     }
 
     fn any_port_busy(&self) -> bool {
-        self.0
-            .ports
-            .iter()
-            .any(|(_, port)| port.state.load(SeqCst) != PORT_IDLE)
+        self.0.ports.iter().any(|(_, port)| port.state.is_busy())
     }
 
     fn id(&self) -> u64 {

@@ -217,7 +217,7 @@ where
         if !unsafe { mailbox.still_empty() } {
             return false;
         }
-        if gate.closed || this.shared.is_forced() {
+        if port.state.is_closed() || this.shared.is_forced() {
             // A force stop took (or takes) the map: it hands back the rest.
             // SAFETY: as above.
             let _ = unsafe { mailbox.release(true) };

@@ -1,29 +1,59 @@
-//! A dispatcher's port on one worker: its inbox, its gate and its state.
+//! A dispatcher's port on one worker: its inbox, its gate, and its state
+//! word ([`PortState`]).
+//!
+//! # The state word
+//!
+//! One word, every transition one read-modify-write (SeqCst), so that no
+//! call site writes a compare-exchange by hand:
+//!
+//! ```text
+//!             schedule() ─ Queue            begin_turn()
+//!   IDLE ──────────────────────▶ SCHEDULED ──────────────▶ RUNNING
+//!    ▲                               ▲                        │
+//!    │                               └──── yield_turn() ──────┤
+//!    └────────────────────────────────────── end_turn() ──────┘
+//!
+//!   flags, beside the phase:  CLOSED    set once by `close` (under the gate)
+//!                             DEFERRED  `set_deferred` (under the gate)
+//!                             TAKEOVER  `claim_takeover` / `clear_takeover`
+//! ```
+//!
+//! A submitter pushes, fences, and calls `schedule`: `Queue` means it moved
+//! the port IDLE → SCHEDULED and must queue the port's task (exactly once);
+//! `Busy` means a turn is queued or under way and will see the push. The
+//! runner, done, calls `end_turn`, fences and re-checks the inbox and
+//! `DEFERRED`: either the submitter saw SCHEDULED/RUNNING after its push,
+//! or the runner sees the push (SeqCst on both sides).
 //!
 //! # Taking over a turn
 //!
-//! A message of a key without a mailbox runs in the port's slot, inside the
-//! port's turn, with the gate released; the rest of the inbox waits for it.
-//! If that step is long and a worker idles, the idle worker takes the rest
-//! of the turn over:
+//! A message of a key without a mailbox runs lent the port's free mailbox
+//! (the *loaner*), inside the port's turn, with the gate released; the rest
+//! of the inbox waits for it. If that step is long and a worker idles, the
+//! idle worker takes the rest of the turn over:
+//!
+//! ```text
+//!   runner (worker r)                 gate                 idle worker i
+//!   ─────────────────                 ────                 ─────────────
+//!   lend the loaner: lent = Some ───▶ epoch e
+//!   gate released, step runs ...                     ◀──── claim_takeover(): Won
+//!                                                          queue a takeover task
+//!                                                   ◀───── lock; lent still Some?
+//!                                     lent → map,          yes: the loaner becomes
+//!                                     epoch e+1,           its key's mailbox; i is
+//!                                     runner = i           the runner, goes on to
+//!                                                          the turn's mark
+//!   step returns; lock ─────────────▶ epoch ≠ e:
+//!   the turn is not ours: go on as that key's mailbox, never touch the state
+//! ```
 //!
 //! - Who asks: an idle worker that finds a stuck worker whose port's turn
-//!   holds deliveries (`StopTarget::takeover`, from `WorkerCx::help`; it
-//!   takes the `TAKEOVER` task itself, and `rescue` keeps it to one at a
-//!   time). Submitters do not look at the turn's worker (see "Who watches"
-//!   in `executor.rs`).
-//! - Under the gate, if the slot is still lent (`lent`), the taker puts
-//!   the lent slot in the map as its key's mailbox (so that key's next
-//!   deliveries queue behind its running message), bumps `epoch`, becomes
-//!   the `runner`, and runs the rest of the turn as its own. `state` stays
-//!   `RUNNING` throughout: nobody else schedules the port meanwhile.
-//! - The old runner, when its message returns, finds `epoch` changed under
-//!   the gate: the turn is not its own any more. It goes on as the slot's
-//!   mailbox (its queue, then retirement through `drained`, or suspension),
-//!   and never touches the port's state again.
-//! - Only the slot's step can be taken over: every other release of the
+//!   holds deliveries (`StopTarget::takeover`); the `TAKEOVER` flag keeps it
+//!   to one takeover on its way at a time, cleared by whoever runs or
+//!   cancels that task. Submitters do not look at the turn's worker.
+//! - The phase stays RUNNING throughout: nobody else schedules the port.
+//! - Only the loaner's step can be taken over: every other release of the
 //!   gate in a turn happens with `lent` cleared.
-//!
 
 use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
@@ -33,7 +63,7 @@ use crossbeam_utils::CachePadded;
 use crate::pool::handler::Handler;
 use crate::pool::inbox::Inbox;
 use crate::pool::mailbox::{Envelope, Mailbox, Stamp};
-use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use crate::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 use crate::sync::SpinLock;
 
 use super::keys::Keys;
@@ -41,14 +71,158 @@ use super::MailboxRef;
 
 pub(super) type PaddedPort<K, M, H, S> = CachePadded<Port<K, M, H, S>>;
 
-/// Port states.
-pub(super) const PORT_IDLE: usize = 0;
-pub(super) const PORT_SCHEDULED: usize = 1;
-pub(super) const PORT_RUNNING: usize = 2;
-
 /// In a port task's tag (beside the port's index): take over the port's
-/// turn from a runner stuck in its slot (see "Taking over a turn").
-pub(super) const TAKEOVER: usize = 1 << (usize::BITS - 1);
+/// turn from a runner stuck in a lent step (see "Taking over a turn").
+pub(super) const TAKEOVER_TAG: usize = 1 << (usize::BITS - 1);
+
+// ----- the state word --------------------------------------------------------
+
+/// A port's state word: its phase in the low two bits, then three flags
+/// (see "The state word").
+pub(super) struct PortState(AtomicUsize);
+
+/// What [`PortState::schedule`] did.
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Schedule {
+    /// The port was idle and is now SCHEDULED: the caller queues its task.
+    Queue,
+    /// A turn is queued or under way: it will see what the caller pushed.
+    Busy,
+}
+
+/// What [`PortState::claim_takeover`] did.
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Claim {
+    /// The caller set the flag: it queues the takeover task.
+    Won,
+    /// A takeover is already on its way.
+    Lost,
+}
+
+impl PortState {
+    /// Phase: not queued, no turn under way. Only `schedule` leaves it.
+    const IDLE: usize = 0;
+    /// Phase: the port's task is in a worker's queue, exactly once. Only
+    /// `begin_turn` (the task running) leaves it.
+    const SCHEDULED: usize = 1;
+    /// Phase: a turn is under way; one runner at a time (a takeover moves
+    /// the turn, not the phase). Left by `yield_turn` or `end_turn`.
+    const RUNNING: usize = 2;
+    /// The phase bits.
+    const PHASE: usize = 0b11;
+    /// A force stop emptied the port: nothing is delivered after. Set under
+    /// the gate, never cleared; submitters read it after their push.
+    const CLOSED: usize = 1 << 2;
+    /// The gate's `deferred` queue is not empty. Written under the gate
+    /// only; the runner reads it after `end_turn` and a fence, as it reads
+    /// the inbox.
+    const DEFERRED: usize = 1 << 3;
+    /// A takeover of the port's turn is on its way to an idle worker. Set
+    /// by the worker that claims it, cleared by whoever runs or cancels it.
+    const TAKEOVER: usize = 1 << 4;
+
+    /// Idle, open, nothing deferred.
+    pub(super) fn new() -> Self {
+        PortState(AtomicUsize::new(Self::IDLE))
+    }
+
+    /// After a push: IDLE → SCHEDULED if the port is idle.
+    #[inline]
+    pub(super) fn schedule(&self) -> Schedule {
+        let mut cur = self.0.load(SeqCst);
+        loop {
+            if cur & Self::PHASE != Self::IDLE {
+                return Schedule::Busy;
+            }
+            match self
+                .0
+                .compare_exchange(cur, cur | Self::SCHEDULED, SeqCst, SeqCst)
+            {
+                Ok(_) => return Schedule::Queue,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// SCHEDULED → RUNNING: the port's task runs.
+    #[inline]
+    pub(super) fn begin_turn(&self) {
+        let was = self.0.fetch_add(Self::RUNNING - Self::SCHEDULED, SeqCst);
+        debug_assert_eq!(was & Self::PHASE, Self::SCHEDULED, "a turn began twice");
+    }
+
+    /// RUNNING → SCHEDULED: the turn stopped at its mark with deliveries
+    /// left; its runner queues the port's task again.
+    #[inline]
+    pub(super) fn yield_turn(&self) {
+        let was = self.0.fetch_sub(Self::RUNNING - Self::SCHEDULED, SeqCst);
+        debug_assert_eq!(was & Self::PHASE, Self::RUNNING, "no turn to yield");
+    }
+
+    /// RUNNING → IDLE: the turn is over; its runner fences and re-checks
+    /// the inbox and [`has_deferred`](Self::has_deferred) after.
+    #[inline]
+    pub(super) fn end_turn(&self) {
+        let was = self.0.fetch_and(!Self::PHASE, SeqCst);
+        debug_assert_eq!(was & Self::PHASE, Self::RUNNING, "no turn to end");
+    }
+
+    /// Whether the port is queued or running.
+    #[inline]
+    pub(super) fn is_busy(&self) -> bool {
+        self.0.load(SeqCst) & Self::PHASE != Self::IDLE
+    }
+
+    /// Whether a turn is under way.
+    #[inline]
+    pub(super) fn is_running(&self) -> bool {
+        self.0.load(SeqCst) & Self::PHASE == Self::RUNNING
+    }
+
+    /// Marks the port closed (a force stop emptied it); under the gate.
+    pub(super) fn close(&self) {
+        self.0.fetch_or(Self::CLOSED, SeqCst);
+    }
+
+    /// Whether a force stop emptied the port.
+    #[inline]
+    pub(super) fn is_closed(&self) -> bool {
+        self.0.load(SeqCst) & Self::CLOSED != 0
+    }
+
+    /// Records whether the gate's `deferred` queue holds deliveries; under
+    /// the gate.
+    pub(super) fn set_deferred(&self, deferred: bool) {
+        if deferred {
+            self.0.fetch_or(Self::DEFERRED, SeqCst);
+        } else {
+            self.0.fetch_and(!Self::DEFERRED, SeqCst);
+        }
+    }
+
+    /// Whether the gate's `deferred` queue holds deliveries.
+    #[inline]
+    pub(super) fn has_deferred(&self) -> bool {
+        self.0.load(SeqCst) & Self::DEFERRED != 0
+    }
+
+    /// Claims the one takeover that may be on its way.
+    pub(super) fn claim_takeover(&self) -> Claim {
+        if self.0.fetch_or(Self::TAKEOVER, SeqCst) & Self::TAKEOVER == 0 {
+            Claim::Won
+        } else {
+            Claim::Lost
+        }
+    }
+
+    /// The takeover claimed is running (or was cancelled): another may be
+    /// claimed.
+    pub(super) fn clear_takeover(&self) {
+        self.0.fetch_and(!Self::TAKEOVER, SeqCst);
+    }
+}
 
 // ----- ports -----------------------------------------------------------------
 
@@ -63,25 +237,9 @@ pub(crate) struct Delivery<K, M, O> {
 pub(super) type Deferred<K, M, O> = (Delivery<K, M, O>, Stamp);
 
 /// A dispatcher's port on one worker.
-///
-/// `state`: `PORT_IDLE` (not queued), `PORT_SCHEDULED` (its task is in the
-/// worker's queue, exactly once), `PORT_RUNNING` (a turn is under way). A
-/// submitter pushes, fences, and moves it `IDLE` → `SCHEDULED` (CAS) to
-/// queue it; the worker, done, stores `IDLE`, fences and re-checks the
-/// inbox: either the submitter saw `RUNNING`/`SCHEDULED` after its push, or
-/// the worker sees the push (SeqCst fences on both sides).
 pub(super) struct Port<K, M, H: Handler<K, M>, S> {
-    pub(super) state: AtomicUsize,
-    /// A takeover of its turn is on its way to an idle worker (set by the
-    /// idle worker that found the turn stuck, cleared by whoever runs it).
-    pub(super) rescue: AtomicBool,
-    /// Set (under the gate) by a force stop once it emptied the inbox;
-    /// read by submitters after their push (see the module docs).
-    pub(super) closed: AtomicBool,
-    /// The gate's `deferred` queue is not empty (set by a source stop under
-    /// the gate, cleared by the port's turn under it; read by the port at
-    /// the end of a turn, after a fence, like the inbox).
-    pub(super) deferred: AtomicBool,
+    /// Its phase and flags (see "The state word").
+    pub(super) state: PortState,
     pub(super) inbox: Inbox<Delivery<K, M, H::Output>>,
     /// Held for a delivery's bookkeeping, never across a handler (so a
     /// spin lock: one swap to take, a store to release). On its own lines:
@@ -177,13 +335,9 @@ impl<K, M, H: Handler<K, M>, S> Port<K, M, H, S> {
     /// Worker `p`'s port, idle and empty.
     pub(super) fn new(p: usize) -> Self {
         Port {
-            state: AtomicUsize::new(PORT_IDLE),
-            rescue: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            deferred: AtomicBool::new(false),
+            state: PortState::new(),
             inbox: Inbox::new(),
             gate: CachePadded::new(SpinLock::new(Gate {
-                closed: false,
                 active: HashMap::default(),
                 slot: None,
                 lent: None,
@@ -199,8 +353,6 @@ impl<K, M, H: Handler<K, M>, S> Port<K, M, H, S> {
 
 /// What a port's gate guards.
 pub(super) struct Gate<K, M, H: Handler<K, M>, S> {
-    /// Set once a force stop emptied the port: nothing is delivered after.
-    pub(super) closed: bool,
     /// The mailboxes of this worker's keys that have work (a backlog, a
     /// running turn, a suspended future). A key without a mailbox has none.
     pub(super) active: Keys<K, M, H, S>,
@@ -242,3 +394,63 @@ impl<K, M, H: Handler<K, M>, S> Copy for Lent<K, M, H, S> {}
 // every dispatcher has; it is only dereferenced under the gate while the
 // runner keeps the mailbox alive (see above).
 unsafe impl<K, M, H: Handler<K, M>, S> Send for Lent<K, M, H, S> {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{Claim, PortState, Schedule};
+
+    #[test]
+    fn only_an_idle_port_is_scheduled_and_only_once() {
+        let s = PortState::new();
+        assert!(!s.is_busy());
+        assert_eq!(s.schedule(), Schedule::Queue);
+        assert!(s.is_busy() && !s.is_running());
+        assert_eq!(s.schedule(), Schedule::Busy);
+        s.begin_turn();
+        assert!(s.is_running());
+        assert_eq!(s.schedule(), Schedule::Busy);
+        s.end_turn();
+        assert!(!s.is_busy());
+        assert_eq!(s.schedule(), Schedule::Queue);
+    }
+
+    #[test]
+    fn a_yielded_turn_is_scheduled_until_it_runs_again() {
+        let s = PortState::new();
+        assert_eq!(s.schedule(), Schedule::Queue);
+        s.begin_turn();
+        s.yield_turn();
+        assert!(s.is_busy() && !s.is_running());
+        assert_eq!(s.schedule(), Schedule::Busy);
+        s.begin_turn();
+        assert!(s.is_running());
+    }
+
+    #[test]
+    fn flags_survive_every_phase_change() {
+        let s = PortState::new();
+        s.set_deferred(true);
+        assert_eq!(s.claim_takeover(), Claim::Won);
+        assert_eq!(s.schedule(), Schedule::Queue);
+        s.begin_turn();
+        s.close();
+        s.yield_turn();
+        s.begin_turn();
+        s.end_turn();
+        assert!(s.is_closed() && s.has_deferred() && !s.is_busy());
+        assert_eq!(s.claim_takeover(), Claim::Lost);
+        // A closed port is still scheduled: its runner finds it closed.
+        assert_eq!(s.schedule(), Schedule::Queue);
+        s.set_deferred(false);
+        assert!(!s.has_deferred() && s.is_closed());
+    }
+
+    #[test]
+    fn one_takeover_at_a_time() {
+        let s = PortState::new();
+        assert_eq!(s.claim_takeover(), Claim::Won);
+        assert_eq!(s.claim_takeover(), Claim::Lost);
+        s.clear_takeover();
+        assert_eq!(s.claim_takeover(), Claim::Won);
+    }
+}

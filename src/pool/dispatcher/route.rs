@@ -88,9 +88,8 @@ where
         }
         let port = self.ports.get_or_make(p, || CachePadded::new(Port::new(p)));
         if self.shared.is_forced() {
-            let mut gate = port.gate.lock();
-            gate.closed = true;
-            port.closed.store(true, SeqCst);
+            let _gate = port.gate.lock();
+            port.state.close();
         }
         port
     }

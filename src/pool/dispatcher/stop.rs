@@ -31,7 +31,7 @@ use crate::sync::atomic::fence;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
 
-use super::port::{Delivery, Port, PORT_IDLE, PORT_SCHEDULED};
+use super::port::{Delivery, Port, Schedule};
 use super::{DispatcherInner, MailboxRef};
 
 /// A delivery taken out of an inbox or map by a force stop.
@@ -64,7 +64,7 @@ where
             let mut claimed: Vec<MailboxRef<K, M, H, S>> = Vec::new();
             let deferred = {
                 let mut gate = port.gate.lock();
-                if gate.closed {
+                if port.state.is_closed() {
                     // A force stop emptied the port; it hands back the rest.
                     continue;
                 }
@@ -84,7 +84,7 @@ where
                 }
                 let deferred = !keep.is_empty();
                 gate.deferred = keep;
-                port.deferred.store(deferred, SeqCst);
+                port.state.set_deferred(deferred);
                 for m in gate.active.values() {
                     let out = m.take_queued(stopped);
                     if !out.is_empty() {
@@ -108,12 +108,7 @@ where
                 // As a submitter after its push: the port may have gone
                 // idle having seen neither the inbox nor `deferred`.
                 fence(SeqCst);
-                if port.state.load(SeqCst) == PORT_IDLE
-                    && port
-                        .state
-                        .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
-                        .is_ok()
-                {
+                if port.state.schedule() == Schedule::Queue {
                     let _ = this
                         .shared
                         .schedule(worker, Task::tagged(this.clone(), worker));
@@ -184,8 +179,7 @@ where
             // in the middle of a delivery); reject it after, outside.
             let (stopped, mailboxes): (Vec<Stopped<K, M, H, S>>, usize) = {
                 let mut gate = port.gate.lock();
-                gate.closed = true;
-                port.closed.store(true, SeqCst);
+                port.state.close();
                 // After `closed`: a push this drain does not see sees it.
                 fence(SeqCst);
                 // SAFETY: we hold the gate: the only consumer.
@@ -195,7 +189,7 @@ where
                     .chain(std::iter::from_fn(|| unsafe { port.inbox.pop() }))
                     .map(Stopped::Delivery)
                     .collect();
-                port.deferred.store(false, Relaxed);
+                port.state.set_deferred(false);
                 let mailboxes = gate.active.len();
                 out.extend(gate.active.drain().map(|(_, m)| Stopped::Mailbox(m)));
                 (out, mailboxes)

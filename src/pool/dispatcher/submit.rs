@@ -12,7 +12,7 @@ use crate::sync::atomic::fence;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
 
-use super::port::{Delivery, PORT_IDLE, PORT_SCHEDULED};
+use super::port::{Delivery, Schedule};
 use super::DispatcherInner;
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
@@ -56,7 +56,7 @@ where
         port.inbox
             .push_stamped(d, this.shared.metrics.stamp(position));
         fence(SeqCst);
-        if port.closed.load(SeqCst) {
+        if port.state.is_closed() {
             // A force stop may have emptied the inbox before our push
             // landed: hand back what is left, here.
             this.reject_late(port);
@@ -76,12 +76,7 @@ where
     /// (see "Who watches" in `executor.rs`).
     #[inline]
     pub(super) fn schedule_port(this: &Arc<Self>, p: usize) {
-        let state = &this.ports.made(p).state;
-        if state.load(SeqCst) == PORT_IDLE
-            && state
-                .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, SeqCst)
-                .is_ok()
-        {
+        if this.ports.made(p).state.schedule() == Schedule::Queue {
             Self::queue_port(this, p);
         } else {
             // SeqCst (in `any_deep`): a deep sleeper counted itself before
@@ -153,7 +148,7 @@ where
         fence(SeqCst);
         for worker in touched {
             let port = this.ports.made(worker);
-            if port.closed.load(SeqCst) {
+            if port.state.is_closed() {
                 // As in `enqueue`: a force stop may have emptied the inbox
                 // before our pushes landed.
                 this.reject_late(port);

@@ -43,7 +43,7 @@ use crate::sync::atomic::Ordering::*;
 use crate::sync::{Arc, SpinGuard};
 
 use super::keys::{mailbox_ptr, Lookup};
-use super::port::{Delivery, Gate, Lent, PORT_IDLE, PORT_RUNNING, PORT_SCHEDULED};
+use super::port::{Delivery, Gate, Lent, Schedule};
 use super::{DispatcherInner, MailboxRef};
 
 /// Deliveries a port's turn takes in a row before it lets its gate go
@@ -64,7 +64,7 @@ where
     /// holds now, in order (see "Fairness" and `mailbox.rs`).
     pub(super) fn run_port(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
         let port = this.ports.made(p);
-        port.state.store(PORT_RUNNING, SeqCst);
+        port.state.begin_turn();
         cx.port_turn(Some(p));
         let mut gate = port.gate.lock();
         gate.until = port.inbox.mark();
@@ -79,13 +79,13 @@ where
     /// messages queue behind the running one.
     pub(super) fn take_over(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
         let port = this.ports.made(p);
-        port.rescue.store(false, Release);
+        port.state.clear_takeover();
         let mut gate = port.gate.lock();
         let Some(Lent(slot)) = gate.lent else {
             // The runner is back from its slot: its turn goes on.
             return;
         };
-        if gate.closed || this.shared.is_forced() {
+        if port.state.is_closed() || this.shared.is_forced() {
             return;
         }
         // SAFETY: the lent slot is alive while `lent` is set (its runner
@@ -121,7 +121,7 @@ where
         let mut more = false;
         let mut held = 0;
         loop {
-            if gate.closed {
+            if port.state.is_closed() {
                 break;
             }
             held += 1;
@@ -130,7 +130,7 @@ where
                 drop(gate);
                 gate = port.gate.lock();
                 held = 1;
-                if gate.closed {
+                if port.state.is_closed() {
                     break;
                 }
             }
@@ -139,7 +139,7 @@ where
             let next = match gate.deferred.pop_front() {
                 Some(d) => {
                     if gate.deferred.is_empty() {
-                        port.deferred.store(false, Relaxed);
+                        port.state.set_deferred(false);
                     }
                     d
                 }
@@ -236,7 +236,7 @@ where
                     Step::Pending => {
                         // The slot becomes the key's mailbox. (After a force
                         // stop emptied the port, the runner cancels it.)
-                        if !gate.closed {
+                        if !port.state.is_closed() {
                             if let Err(p) = this.activate(&mut gate, &slot) {
                                 drop(gate);
                                 this.stray_pending(slot, p, cx);
@@ -283,29 +283,25 @@ where
             // Fairness: what was pushed during the turn waits behind the
             // worker's other tasks, the mailboxes this turn queued
             // included (see "Fairness").
-            port.state.store(PORT_SCHEDULED, SeqCst);
+            port.state.yield_turn();
             cx.requeue_local(Task::tagged(this.clone(), p));
             return;
         }
-        port.state.store(PORT_IDLE, SeqCst);
+        port.state.end_turn();
         fence(SeqCst);
         // A submitter that pushed before our store sees `RUNNING` or
         // `SCHEDULED` and leaves the scheduling to us. Re-queue only for a
         // value that is there: one claimed but not yet written makes
         // `is_empty` false while `pop` sees nothing, and its producer,
         // which reads the state after its push, schedules us itself.
-        if !port.inbox.is_empty() || port.deferred.load(SeqCst) {
+        if !port.inbox.is_empty() || port.state.has_deferred() {
             let ready = {
                 let gate = port.gate.lock();
                 // SAFETY: we hold the gate: the only consumer.
-                !gate.closed && (!gate.deferred.is_empty() || unsafe { port.inbox.has_ready() })
+                !port.state.is_closed()
+                    && (!gate.deferred.is_empty() || unsafe { port.inbox.has_ready() })
             };
-            if ready
-                && port
-                    .state
-                    .compare_exchange(PORT_IDLE, PORT_SCHEDULED, SeqCst, Relaxed)
-                    .is_ok()
-            {
+            if ready && port.state.schedule() == Schedule::Queue {
                 cx.push_local(Task::tagged(this.clone(), p));
                 return;
             }
