@@ -37,6 +37,7 @@ pub(crate) mod metrics;
 pub(crate) mod observe;
 pub(crate) mod receiver;
 pub(crate) mod retry;
+pub(crate) mod shared;
 pub(crate) mod source;
 pub(crate) mod spawn;
 pub(crate) mod stats;

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 
 use crate::pool::dispatcher::StopTarget;
-use crate::pool::executor::Shared;
+use crate::pool::shared::Shared;
 use crate::pool::stats::CurrentStep;
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::{fence, AtomicU64, Ordering::*};

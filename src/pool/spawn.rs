@@ -67,7 +67,8 @@ use std::task::{Context, Poll};
 use futures_task::{FutureObj, Spawn, SpawnError};
 
 use crate::error::Panic;
-use crate::pool::executor::{KeyedExecutor, Shared};
+use crate::pool::executor::KeyedExecutor;
+use crate::pool::shared::Shared;
 use crate::pool::stats::SpawnedStats;
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};

@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::pool::executor::Shared;
 use crate::pool::observe::StepLocal;
+use crate::pool::shared::Shared;
 use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::Task;
 use crate::pool::turns::Turns;

@@ -3,13 +3,13 @@
 
 use std::hash::{BuildHasher, Hash};
 
-use crate::pool::executor::Shared;
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::Envelope;
 use crate::pool::observe::Identity;
 #[cfg(not(loom))]
 use crate::pool::receiver::WeakCore;
 use crate::pool::receiver::{Batch, Core};
+use crate::pool::shared::Shared;
 use crate::pool::source::SourceRef;
 use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;

@@ -44,11 +44,12 @@ use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use crate::error::{ConfigError, Panic};
-use crate::pool::executor::{KeyedExecutor, Shared};
+use crate::pool::executor::KeyedExecutor;
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::Mailbox;
 use crate::pool::observe::Identity;
 use crate::pool::receiver::{Core, Receiver, ReceiverBuilder};
+use crate::pool::shared::Shared;
 use crate::pool::source::{wait_all_drained, Source};
 use crate::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering::*};
 use crate::sync::Arc;
