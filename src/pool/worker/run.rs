@@ -1,0 +1,212 @@
+//! The worker thread's loop: run tasks, then out of work spin, settle or
+//! park (see "Spin then park" in `mod.rs`).
+
+use std::time::{Duration, Instant};
+
+use crate::pool::shared::Shared;
+use crate::sync::atomic::{fence, Ordering::*};
+use crate::sync::{spin_loop, thread, Arc};
+
+use super::cx::{WorkerCx, CURRENT, CX};
+use super::{Worker, EXITED, PARKED, RUNNING, SPINNING};
+
+/// The worker thread's main loop.
+pub(crate) fn run(shared: Arc<Shared>, index: usize) {
+    let me = &shared.workers[index];
+    *me.thread.lock() = Some(thread::current());
+    CURRENT.with(|c| c.set(shared.id()));
+    if let Some(hook) = &shared.config.on_thread_start {
+        hook();
+    }
+    shared.worker_started();
+    let spin = shared.config.spin;
+    let local = me
+        .local
+        .lock()
+        .take()
+        .expect("a worker's run queue is taken once");
+    let cx = WorkerCx::new(&shared, index, local);
+    CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
+    // Allow a spin on the first idle period.
+    let mut last_wait = Duration::ZERO;
+    loop {
+        while let Some(task) = cx.next_task() {
+            if shared.is_forced() {
+                task.cancel();
+            } else {
+                task.run(&cx);
+            }
+            cx.metrics.after_task(&cx);
+        }
+        // Out of work: counted idle from here (a submitter that sees it
+        // may send work; one it does not see left work this look finds),
+        // help a stuck worker, else give back held-back credit and wait.
+        let conserve = shared.config.work_conservation;
+        let _idle = conserve.then(|| shared.idle(index));
+        if conserve && !shared.is_forced() && cx.help() {
+            continue;
+        }
+        cx.flush_credit();
+        let st = shared.state();
+        if shared.should_exit(st) {
+            break;
+        }
+        let idle_since = Instant::now();
+        cx.step_idle(idle_since);
+        if !spin.is_zero() && last_wait < spin {
+            if spin_for_work(&shared, me, spin, idle_since, st) {
+                me.counters.spin_hits.fetch_add(1, Relaxed);
+                last_wait = idle_since.elapsed();
+                continue;
+            }
+        } else {
+            #[cfg(not(loom))]
+            if last_wait < SETTLE_WINDOW && settle(&shared, me, st) {
+                last_wait = idle_since.elapsed();
+                continue;
+            }
+        }
+        // Park: announce, then re-check everything a waker would publish:
+        // a push, a stop, and (during a graceful stop) the retirement of the
+        // last mailbox, whose retirer wakes only workers it sees parked.
+        cx.metrics.flush(&cx);
+        shared.metrics.parking();
+        me.state.swap(PARKED, SeqCst);
+        fence(SeqCst);
+        if me.has_news() || shared.state() != st || shared.should_exit(st) {
+            // Cancel the park. If a waker already flipped us to RUNNING it
+            // also unparked us: the stale token only costs a spurious wake.
+            let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
+            shared.metrics.unparked();
+            continue;
+        }
+        me.counters.parks.fetch_add(1, Relaxed);
+        if conserve && shared.workers.len() > 1 && shared.config.watchers() {
+            cx.park_conserving();
+        } else {
+            park(me);
+        }
+        shared.metrics.unparked();
+        last_wait = idle_since.elapsed();
+    }
+    cx.flush_credit();
+    cx.metrics.flush(&cx);
+    // Forced stop: cancel whatever was queued or pushed meanwhile.
+    while let Some(task) = cx.next_task() {
+        task.cancel();
+    }
+    me.state.store(EXITED, SeqCst);
+    // Against a push from another worker (work conservation sends a task
+    // home): it sees `EXITED` after its push and cancels the task itself,
+    // or this look sees the task.
+    fence(SeqCst);
+    while let Some(task) = cx.next_task() {
+        task.cancel();
+    }
+    if let Some(hook) = &shared.config.on_thread_stop {
+        hook();
+    }
+    CX.with(|c| c.set(std::ptr::null()));
+    CURRENT.with(|c| c.set(0));
+    shared.worker_exited();
+}
+
+/// Sleeps until woken (a pusher or a stop moves `state` out of `PARKED`).
+pub(super) fn park(me: &Worker) {
+    while me.state.load(SeqCst) == PARKED {
+        thread::park();
+    }
+}
+
+/// How long a worker sleeps while another runs a step with work behind it
+/// (see [`WorkerCx::watch_others`]): a step that began after every other
+/// thread last looked at it is found stuck within about this long, even if
+/// no submitter comes by.
+pub(super) const WATCH_PARK: Duration = Duration::from_micros(100);
+
+/// How long a worker sleeps while another is active but has nothing
+/// queued behind its step: a pool with one busy worker does not wake the
+/// others 10,000 times a second for nothing, and a step that gets work
+/// queued behind it meanwhile is found by the sampled looks of the
+/// submitters that queue it, or at the next watch. (Doubling the watch
+/// from [`WATCH_PARK`] up to this instead was measured no better on W7;
+/// see BENCHMARKS.md.)
+pub(super) const WATCH_PARK_MAX: Duration = Duration::from_micros(1_600);
+
+/// Sleeps until woken or `timeout` passed; then leaves `PARKED` itself
+/// (unless a waker did: its unpark then costs one spurious wake). Under
+/// loom, which has no clock, it yields instead: the timeout has passed.
+pub(super) fn park_watching(me: &Worker, timeout: Duration) {
+    #[cfg(not(loom))]
+    if me.state.load(SeqCst) == PARKED {
+        thread::park_timeout(timeout);
+    }
+    #[cfg(loom)]
+    {
+        let _ = timeout;
+        thread::yield_now();
+    }
+    let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
+}
+
+/// Spins until work arrives (true), `spin` passes, or a stop begins.
+///
+/// Every 64 rounds it yields its core (`sched_yield`): on a machine with
+/// more runnable threads than cores, the thread it waits for (a producer,
+/// a device) may be the one that needs the core, and a spin that keeps it
+/// off only delays the work it waits for.
+fn spin_for_work(shared: &Shared, me: &Worker, spin: Duration, start: Instant, st: usize) -> bool {
+    me.state.store(SPINNING, SeqCst);
+    let mut found = false;
+    let mut i: u32 = 0;
+    loop {
+        if me.has_news() {
+            found = true;
+            break;
+        }
+        if shared.state() != st {
+            break;
+        }
+        i = i.wrapping_add(1);
+        if i % 64 == 0 {
+            if start.elapsed() >= spin {
+                break;
+            }
+            thread::yield_now();
+        } else {
+            spin_loop();
+        }
+    }
+    me.state.store(RUNNING, SeqCst);
+    found
+}
+
+/// Before parking, a worker whose last wait was shorter than this yields
+/// its core a few times, looking for work between yields
+/// ([`SETTLE_YIELDS`]); after a longer wait it parks at once.
+#[cfg(not(loom))]
+const SETTLE_WINDOW: Duration = Duration::from_micros(50);
+#[cfg(not(loom))]
+const SETTLE_YIELDS: u32 = 4;
+
+/// The settle before a park (see [`SETTLE_WINDOW`]): true if work arrived.
+/// A message that arrives while a worker yields costs its sender no
+/// wake-up; the yields give the core to whichever thread the worker waits
+/// for, and cost a few system calls when none is runnable.
+#[cfg(not(loom))]
+fn settle(shared: &Shared, me: &Worker, st: usize) -> bool {
+    me.state.store(SPINNING, SeqCst);
+    let mut found = false;
+    for _ in 0..SETTLE_YIELDS {
+        thread::yield_now();
+        if me.has_news() {
+            found = true;
+            break;
+        }
+        if shared.state() != st {
+            break;
+        }
+    }
+    me.state.store(RUNNING, SeqCst);
+    found
+}
