@@ -78,12 +78,12 @@
 //! A mailbox belongs to one port for good (`port`: the map it joins, the
 //! spares it returns to) and runs on that port's worker: wakes queue it
 //! there, and so does a turn that yields. A mailbox that work conservation
-//! gave to another worker (see "Work conservation" in `executor.rs`) runs
+//! gave to another worker (see `conserve/mod.rs`) runs
 //! that turn there and then goes back (`requeue`): its deliveries come
 //! through its port, and a key split from its port would cost every
 //! message a hand-off between cores. A port's slot may even be taken into
 //! the map while it runs, by a worker taking over the port's turn (see
-//! "Taking over a turn" in `dispatcher.rs`): it is `RUNNING` then, so only
+//! "Stealing a turn" in `dispatcher.rs`): it is `RUNNING` then, so only
 //! deliveries into its queue follow, as for any running mailbox.
 //!
 //! # Force stop
@@ -107,13 +107,14 @@ use std::task::{Context, Poll};
 
 use crate::completion::{Outcome, Slot};
 use crate::error::{Panic, TaskError};
+use crate::pool::conserve::LONG_STEP_US;
 use crate::pool::dispatcher::DispatcherInner;
 use crate::pool::handler::Handler;
 use crate::pool::observe::StepToken;
 use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};
-use crate::pool::worker::{WorkerCx, LONG_STEP_US};
+use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::sync::{overwrite, Arc, SpinLock, UnsafeCell};
 use crate::trace;
@@ -750,7 +751,7 @@ where
         let shared = &this.dispatcher.shared;
         let throughput = shared.config.throughput;
         // A stretch of the turn that ran `LONG_STEP_US` gives way before
-        // the next message (see "Long steps give way" in `executor.rs`):
+        // the next message (see "Yield" in `conserve/mod.rs`):
         // `mark` is when the stretch began, `ran` its messages. The first
         // stretch begins as the turn's second message starts (a turn of
         // one message reads no clock); the clock is then read after the
@@ -790,7 +791,7 @@ where
                                 if ran.is_power_of_two()
                                     && shared.now_us().wrapping_sub(since) >= LONG_STEP_US
                                 {
-                                    cx.give_way();
+                                    cx.yield_long_step();
                                     mark = Some(shared.now_us());
                                     ran = 0;
                                 }

@@ -28,6 +28,7 @@
 pub(crate) mod batch;
 pub(crate) mod commits;
 pub(crate) mod config;
+pub(crate) mod conserve;
 pub(crate) mod dispatcher;
 pub(crate) mod executor;
 pub mod handler;

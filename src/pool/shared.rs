@@ -1,98 +1,20 @@
 //! `Shared`: the state every part of the pool reaches — the workers, the
 //! lifecycle flags, the dispatcher registry, the live sources, the idle
-//! workers — and the work-conservation half that decides where a task is
-//! queued.
-//!
-//! # Work conservation
-//!
-//! A port and its mailboxes belong to one worker — except that work
-//! *waiting* behind a worker stuck in one step (a long handler call or
-//! poll, a handler that blocks its thread) runs on an idle one meanwhile:
-//!
-//! - *Stuck*: a worker is `RUNNING` and the same step (its `steps` count: a
-//!   task taken, or a message its port runs in the slot) was first seen at
-//!   least 50 µs before a later look (`Worker::look`), by threads that
-//!   looked because they had work for it or none of their own. A worker
-//!   making progress is never stuck, however busy, so a busy pool keeps
-//!   every task where it is (the sticky path costs one relaxed load of
-//!   `idle` per task queued, none per delivery to a busy port). A look
-//!   that queues work behind a step not yet old enough (`Look::Pending`)
-//!   makes sure a later look comes: an idle worker parked with a timeout
-//!   looks by itself; if every idle worker sleeps without one, one is
-//!   called (`Shared::ensure_watcher`), and parks watching from then on.
-//! - Only while some worker is idle (`Shared::idle`, counted around its
-//!   spin and park) does anyone but the idle workers look, and only where
-//!   a task is queued: `Shared::schedule` (a port's first delivery, a
-//!   woken future) puts a task meant for a stuck worker on an idle one
-//!   instead, or calls an idle worker after the push (`call_helper`). A
-//!   submitter whose port is already queued or running does not look at
-//!   its worker: a look reads a line the busy worker writes per step (and
-//!   the idle count, one the workers write at each idle period). Its
-//!   delivery is found by the idle workers ("Who watches").
-//! - An idle worker, before it spins or parks, and whenever called, takes
-//!   one task of a stuck worker (the oldest of its run queue, else of its
-//!   queue of pushes; `WorkerCx::help`), runs it, and looks again.
-//! - What moved runs there for one turn, then goes home: the port's next
-//!   task is queued on its own worker again (and moves again only if that
-//!   worker is still stuck), and a mailbox that yields or is woken goes to
-//!   its port's worker. The running step never moves: a port that followed
-//!   whoever ran it last would take a slow key along to the free worker,
-//!   and the two workers would keep swapping which one it blocks.
-//! - *Who watches.* Nobody looks at a step that work is queued behind
-//!   except the idle workers, so some idle worker must look again by
-//!   itself. An idle worker parks with a timeout (`park_watching`: 100 µs
-//!   while some worker runs with work queued, 1.6 ms while others only
-//!   run) whenever another worker or a port is active, and without one
-//!   (*deep*) only when, counted in `Idle::deep` and after a fence, it
-//!   sees every other worker parked with nothing queued and every port
-//!   idle. Whoever queues work behind a step — a delivery to a port
-//!   already queued or running (including the loser of the port's IDLE →
-//!   SCHEDULED race), a task a handler queues on its own worker — reads
-//!   `deep` after its push (SeqCst; `deep` has a line of its own, written
-//!   only when a worker sleeps deep or is called) and, if it is not zero,
-//!   calls a deep sleeper (`ensure_watcher`). Either the sleeper's look
-//!   saw the worker or the port active, or the queuer's read comes later
-//!   in the SeqCst order than the sleeper's count, so some idle worker
-//!   always looks again. The loom models are
-//!   `executor_steal::watch_vs_park` and `takeover_vs_submit` (both fail
-//!   with the submitter's call removed); the ports half, for two
-//!   submitters racing on an idle port, is out of their reach (see
-//!   there). The call comes from whoever queues, not from a worker that
-//!   takes a task after it parked: that one would wake the sleeper at
-//!   every wake-up.
-//! - A call already pending is not repeated, nor one for the same stuck
-//!   step within 50 µs (`Worker::may_call`); a helper looks again by
-//!   itself after each task it takes.
-//! - *Long steps give way.* Moving work needs a worker that is idle, and
-//!   a CPU for it. On a machine with as many busy threads as cores (two
-//!   workers and a producer on two cores) the kernel can queue a worker
-//!   with work behind the thread running a long step on the same CPU, and
-//!   let it wait there for a whole time slice:
-//!   nobody is idle, so nothing moves, and a receiver's credit runs out
-//!   meanwhile. So a stretch of a mailbox's turn that ran for
-//!   `LONG_STEP_US` (300 µs) or more makes its worker yield its thread
-//!   before the next message (`WorkerCx::give_way`, counted in
-//!   `WorkerStats::gave_way`). The first stretch begins as the turn's
-//!   second message starts (a turn of one message reads no clock), and
-//!   the clock is read after the 1st, 2nd, 4th, 8th,
-//!   … message of a stretch (a yield begins the next one): a key whose
-//!   messages all run long yields after each but its turn's first, a hot
-//!   key of short ones pays a few reads a turn. Messages run in a port's
-//!   slot (a key with nothing queued) are not timed: that would be a
-//!   clock read on every message of the common path.
+//! workers (whose protocol is `conserve/`).
 
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
 use crate::pool::config::Config;
+use crate::pool::conserve::Idle;
 use crate::pool::dispatcher::StopTarget;
 use crate::pool::observe::Watch;
 use crate::pool::source::{PinnedSource, SourceRef};
 use crate::pool::spawn::Spawned;
 use crate::pool::stats::{DispatcherStats, ExecutorStats, WorkerState, WorkerStats};
 use crate::pool::task::Task;
-use crate::pool::worker::{self, Look, Worker, EXITED, PARKED, RUNNING, SPINNING};
+use crate::pool::worker::{self, Worker, EXITED, PARKED, RUNNING, SPINNING};
 use crate::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{thread, Condvar, Mutex};
 use crate::trace;
@@ -100,8 +22,8 @@ use crate::trace;
 const CLOSED: usize = 1;
 const FORCED: usize = 2;
 
-struct Registry {
-    targets: Vec<Box<dyn StopTarget>>,
+pub(crate) struct Registry {
+    pub(crate) targets: Vec<Box<dyn StopTarget>>,
     next_id: u64,
     /// Every worker exited: nothing will run again, drop registrations.
     sealed: bool,
@@ -113,56 +35,15 @@ pub(super) struct Lifecycle {
     pub(super) exited: usize,
 }
 
-/// A worker counted idle (see [`Shared::idle`]).
-pub(crate) struct IdleGuard<'a>(&'a Shared, usize);
-
-impl Drop for IdleGuard<'_> {
-    fn drop(&mut self) {
-        self.0.idle.count.fetch_sub(1, SeqCst);
-        self.0.workers[self.1].set_idle(false);
-    }
-}
-
-/// A worker counted among those asleep without a timeout (see
-/// [`Shared::sleep_deep`]).
-pub(crate) struct DeepGuard<'a>(&'a Shared, usize);
-
-impl Drop for DeepGuard<'_> {
-    fn drop(&mut self) {
-        // Unless a caller uncounted it already (`ensure_watcher`).
-        if self.0.workers[self.1].clear_deep() {
-            self.0.idle.deep.fetch_sub(1, SeqCst);
-        }
-    }
-}
-
-/// The idle workers, on one line that submitters read (and only idle
-/// transitions write).
-struct Idle {
-    /// Workers spinning or parked (see "Work conservation"): while it is
-    /// zero nobody could take work from a stuck worker, and submitters do
-    /// not look.
-    count: AtomicUsize,
-    /// Idle workers that sleep, or are about to, without a timeout and
-    /// were not called since (each also marked in its `Worker`; the count
-    /// is raised before the mark is set and lowered after it is cleared):
-    /// they look at nobody until called. Whoever queues work behind a
-    /// running step while this is not zero sees that some idle worker
-    /// watches (`Shared::ensure_watcher`); see "Who watches". On a line
-    /// of its own: every delivery to a busy port reads it, and `count`
-    /// changes at each idle period of each worker.
-    deep: CachePadded<AtomicUsize>,
-}
-
 /// State shared by the executor's handles, its workers and its dispatchers.
 pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) workers: Box<[Worker]>,
     state: CachePadded<AtomicUsize>,
     /// Idle workers, and those of them asleep without a timeout.
-    idle: CachePadded<Idle>,
+    pub(crate) idle: CachePadded<Idle>,
     next_worker: CachePadded<AtomicUsize>,
-    registry: Mutex<Registry>,
+    pub(crate) registry: Mutex<Registry>,
     pub(super) lifecycle: Mutex<Lifecycle>,
     lifecycle_cv: Condvar,
     /// `KeyedExecutor` handles; the last one dropped force-stops the pool.
@@ -191,7 +72,7 @@ impl Shared {
             state: CachePadded::new(AtomicUsize::new(0)),
             idle: CachePadded::new(Idle {
                 count: AtomicUsize::new(0),
-                deep: CachePadded::new(AtomicUsize::new(0)),
+                sleepers: CachePadded::new(AtomicUsize::new(0)),
             }),
             next_worker: CachePadded::new(AtomicUsize::new(0)),
             registry: Mutex::new(Registry {
@@ -309,219 +190,6 @@ impl Shared {
             }
         }
         parked.unwrap_or(least.1)
-    }
-
-    /// Pushes `task` on `worker`'s queue from any thread, waking the worker
-    /// if it sleeps — or on an idle worker's, if `worker` is stuck. Returns
-    /// the worker it pushed to.
-    #[inline]
-    pub(crate) fn schedule(&self, worker: usize, task: Task) -> usize {
-        let (worker, seen) = if self.any_idle() {
-            self.redirect(worker)
-        } else {
-            (worker, None)
-        };
-        self.push(worker, task);
-        // After the push and its fence: a worker that went idle meanwhile
-        // either sees the task behind a stuck `worker` itself, or is seen
-        // here and called to take it. A look made before the push is
-        // reused, not repeated: it is a few nanoseconds old, and a look
-        // reads the clock (two per wake-up were 3 % of the device thread's
-        // time in W3).
-        if self.any_idle() {
-            self.call_if_stuck(worker, seen);
-        }
-        worker
-    }
-
-    /// Calls an idle worker to help `worker` if it is stuck (and is not
-    /// the caller). `seen`: what this schedule's look at it before the
-    /// push found, if it made one.
-    #[cold]
-    fn call_if_stuck(&self, worker: usize, seen: Option<Look>) {
-        if worker::current_index(self.id()) == Some(worker) {
-            // Queued behind the caller's own step (a handler woke a future
-            // of its own worker): the step may go on for long.
-            self.ensure_watcher(worker);
-            return;
-        }
-        let look = seen.unwrap_or_else(|| self.workers[worker].look(|| self.now_us()));
-        match look {
-            Look::Stuck => self.call_helper(worker),
-            Look::Pending => self.ensure_watcher(worker),
-            Look::No => {}
-        }
-    }
-
-    /// Whether some worker spins or parks.
-    #[inline]
-    pub(crate) fn any_idle(&self) -> bool {
-        self.idle.count.load(Relaxed) != 0
-    }
-
-    /// Whether some idle worker sleeps (or is about to) without a timeout.
-    /// SeqCst: one side of the hand-shake in "Who watches".
-    #[inline]
-    pub(crate) fn any_deep(&self) -> bool {
-        self.config.watchers() && self.idle.deep.load(SeqCst) != 0
-    }
-
-    /// Counts the caller (an idle worker about to park) among the deep
-    /// sleepers until the guard drops, and fences: its look at the other
-    /// workers and the ports that follows sees whatever was queued before a
-    /// submitter's look at the count missed it (see "Who watches").
-    pub(crate) fn sleep_deep(&self, index: usize) -> DeepGuard<'_> {
-        self.idle.deep.fetch_add(1, SeqCst);
-        self.workers[index].set_deep();
-        fence(SeqCst);
-        DeepGuard(self, index)
-    }
-
-    /// Whether some dispatcher's port is queued or running (not idle): its
-    /// turn may get stuck with deliveries behind it.
-    pub(crate) fn any_port_busy(&self) -> bool {
-        self.registry
-            .lock()
-            .targets
-            .iter()
-            .any(|t| t.any_port_busy())
-    }
-
-    /// Counts worker `index` (the caller) idle until the guard drops.
-    pub(crate) fn idle(&self, index: usize) -> IdleGuard<'_> {
-        self.workers[index].set_idle(true);
-        self.idle.count.fetch_add(1, SeqCst);
-        // Against a submitter's push, fence, look at `idle`: it sees this
-        // worker idle, or this worker's look (which follows) sees its push.
-        fence(SeqCst);
-        IdleGuard(self, index)
-    }
-
-    /// A takeover of the turn of a port whose worker `stuck` runs it with
-    /// deliveries waiting (any dispatcher's), if there is one.
-    #[cold]
-    pub(crate) fn takeover(&self, stuck: usize) -> Option<Task> {
-        // Out of the registry's lock: a look takes ports' gates.
-        let targets: Vec<Box<dyn StopTarget>> = {
-            let registry = self.registry.lock();
-            registry.targets.iter().map(|t| t.clone_box()).collect()
-        };
-        targets.iter().find_map(|t| t.takeover(stuck))
-    }
-
-    /// Where a task meant for `worker` should go: an idle worker if
-    /// `worker` is stuck in a step (and the caller is not `worker` itself,
-    /// which is not stuck if it runs this), else `worker`; with what the
-    /// look at `worker` found (none if the task goes elsewhere).
-    #[cold]
-    fn redirect(&self, worker: usize) -> (usize, Option<Look>) {
-        if worker::current_index(self.id()) == Some(worker) {
-            return (worker, Some(Look::No));
-        }
-        match self.workers[worker].look(|| self.now_us()) {
-            Look::Stuck => match self.idle_worker(worker) {
-                Some(i) => (i, None),
-                None => (worker, Some(Look::Stuck)),
-            },
-            look => (worker, Some(look)),
-        }
-    }
-
-    /// An idle worker other than `not` (one not parked first: it needs no
-    /// wake-up).
-    pub(crate) fn idle_worker(&self, not: usize) -> Option<usize> {
-        let mut parked = None;
-        for (i, w) in self.workers.iter().enumerate() {
-            if i == not || !w.is_idle() {
-                continue;
-            }
-            match w.state.load(Relaxed) {
-                PARKED => parked = parked.or(Some(i)),
-                _ => return Some(i),
-            }
-        }
-        parked
-    }
-
-    /// Microseconds since the executor's epoch (wrapping): the clock of
-    /// stuck verdicts and helper calls.
-    #[inline]
-    pub(crate) fn now_us(&self) -> u32 {
-        #[cfg(not(loom))]
-        return self.watch.epoch().elapsed().as_micros() as u32;
-        #[cfg(loom)]
-        0
-    }
-
-    /// Work was queued behind `busy`'s step (seen, but not yet for long
-    /// enough to call it stuck, or not looked at): a later look must come
-    /// even if no submitter does. An idle worker parked with a timeout,
-    /// spinning or on its way to park looks by itself; if
-    /// every idle one sleeps without a timeout, one is called, and parks
-    /// watching from then on while some worker is active (see "Who
-    /// watches"). (Without this, a future woken behind a blocked step
-    /// waited for good: the one look at it came before the step was old
-    /// enough.)
-    #[inline]
-    pub(crate) fn ensure_watcher(&self, busy: usize) {
-        // No deep sleeper (the count is at least the marks): every idle
-        // worker looks again by itself.
-        if self.any_deep() {
-            self.call_deep_sleeper(busy);
-        }
-    }
-
-    /// [`ensure_watcher`](Self::ensure_watcher) with a deep sleeper
-    /// counted: calls one, unless another idle worker (not `busy`) looks
-    /// again by itself.
-    #[cold]
-    fn call_deep_sleeper(&self, busy: usize) {
-        let mut watched = false;
-        let mut sleeper = None;
-        for (i, w) in self.workers.iter().enumerate() {
-            if i == busy || !w.is_idle() {
-                continue;
-            }
-            if w.is_deep() {
-                sleeper = sleeper.or(Some(i));
-            } else {
-                // Spinning, settling, watching or about to look at
-                // the others before it parks: it looks again.
-                watched = true;
-            }
-        }
-        if let (false, Some(i)) = (watched, sleeper) {
-            // Uncounted here, by the one caller that clears its mark:
-            // the submitters after this one see no deep sleeper and
-            // call nobody (the called worker watches from now on).
-            if self.workers[i].clear_deep() {
-                self.idle.deep.fetch_sub(1, SeqCst);
-                self.workers[i].call();
-            }
-        }
-    }
-
-    /// `stuck` is stuck with work queued behind its step: call an idle
-    /// worker to take it.
-    #[cold]
-    pub(crate) fn call_helper(&self, stuck: usize) {
-        // A call already pending is not repeated (`Worker::call`), nor one
-        // made for the same step less than `CALL_INTERVAL` ago: a helper
-        // that found nothing to take when called would otherwise be woken
-        // by every submit (a futex wake-up each: it starved the producer
-        // of the slow-key workload). A call swallowed that way is made by
-        // the next submitter after the interval, and a parked helper
-        // watching an active worker looks again within `WATCH_PARK_MAX`.
-        if let Some(i) = self.idle_worker(stuck) {
-            #[cfg(not(loom))]
-            {
-                let now = self.now_us();
-                if !self.workers[stuck].may_call(now) {
-                    return;
-                }
-            }
-            self.workers[i].call();
-        }
     }
 
     /// Pushes `task` on `worker`'s queue and wakes it if it sleeps (no

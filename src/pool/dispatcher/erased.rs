@@ -16,7 +16,7 @@ use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
 
-use super::port::{Claim, TAKEOVER_TAG};
+use super::port::{Claim, STEAL_TAG};
 use super::DispatcherInner;
 
 impl<K, M, H, S> Runnable for DispatcherInner<K, M, H, S>
@@ -26,10 +26,10 @@ where
     H: Handler<K, M>,
     S: BuildHasher + Send + Sync + 'static,
 {
-    /// A port task (`tag`: the port, and whether to take over its turn).
+    /// A port task (`tag`: the port, and whether to steal its turn).
     fn run(this: Arc<Self>, cx: &WorkerCx<'_>, tag: usize) {
-        if tag & TAKEOVER_TAG != 0 {
-            Self::take_over(this, tag & !TAKEOVER_TAG, cx);
+        if tag & STEAL_TAG != 0 {
+            Self::run_stolen_turn(this, tag & !STEAL_TAG, cx);
         } else {
             Self::run_port(this, tag, cx);
         }
@@ -37,8 +37,8 @@ where
 
     /// A force stop empties inboxes itself; the port just goes idle.
     fn cancel(this: Arc<Self>, tag: usize) {
-        if tag & TAKEOVER_TAG != 0 {
-            this.ports.made(tag & !TAKEOVER_TAG).state.clear_takeover();
+        if tag & STEAL_TAG != 0 {
+            this.ports.made(tag & !STEAL_TAG).state.clear_steal();
         }
         drop(this);
     }
@@ -57,11 +57,11 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     fn is_quiet(&self) -> bool;
     /// Frees its spare mailboxes (it is leaving the registry).
     fn release_spares(&self);
-    /// A takeover of a port whose worker `stuck` runs its turn with
-    /// deliveries waiting (see "Taking over a turn").
-    fn takeover(&self, stuck: usize) -> Option<Task>;
+    /// A steal of the turn of a port whose worker `stuck` runs its turn with
+    /// deliveries waiting (see "Stealing a turn" in `port.rs`).
+    fn steal_turn(&self, stuck: usize) -> Option<Task>;
     /// Whether one of its ports is queued or running (SeqCst loads; see
-    /// "Who watches" in `executor.rs`).
+    /// "Why no wake-up is lost" in `conserve/mod.rs`).
     fn any_port_busy(&self) -> bool;
     fn id(&self) -> u64;
     /// Its name and metrics handles.
@@ -98,7 +98,7 @@ where
         self.0.release_spares()
     }
 
-    fn takeover(&self, stuck: usize) -> Option<Task> {
+    fn steal_turn(&self, stuck: usize) -> Option<Task> {
         let (p, _) = self.0.ports.iter().find(|(_, port)| {
             port.state.is_running()
                 && (!port.inbox.is_empty() || port.state.has_deferred())
@@ -106,9 +106,9 @@ where
                     let gate = port.gate.lock();
                     gate.runner == stuck && gate.lent.is_some()
                 }
-                && port.state.claim_takeover() == Claim::Won
+                && port.state.claim_steal() == Claim::Won
         })?;
-        Some(Task::tagged(self.0.clone(), p | TAKEOVER_TAG))
+        Some(Task::tagged(self.0.clone(), p | STEAL_TAG))
     }
 
     fn any_port_busy(&self) -> bool {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 
 /// The key hasher a dispatcher uses unless told otherwise
-/// ([`DispatcherBuilder::hasher`]): a fast hash (foldhash) seeded at random
+/// ([`DispatcherBuilder::hasher`](super::DispatcherBuilder::hasher)): a fast hash (foldhash) seeded at random
 /// for each dispatcher.
 ///
 /// Every message hashes its key once, on the submitting thread, so the

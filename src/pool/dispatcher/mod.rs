@@ -4,7 +4,7 @@
 //!
 //! The port's runner owns its mailboxes: the port's map (key → mailbox,
 //! keyed by the submitter's hash) lives under the port's *gate*, a lock
-//! the runner takes per delivery and that stops, retirement and takeovers
+//! the runner takes per delivery and that stops, retirement and steals
 //! take to touch the port. A port's turn takes its deliveries in order:
 //! one for a key with a mailbox joins that mailbox's queue; one for a key
 //! without runs at once, lent the port's free mailbox, with the gate
@@ -345,7 +345,7 @@ where
     /// Called with each fire-and-forget message ([`Receiver::send`] and
     /// friends) that a force stop hands back unprocessed, on the stopping
     /// thread. Messages with a completion handle come back through it instead
-    /// ([`TaskError::Rejected`]). Without a hook they are dropped (and counted
+    /// ([`TaskError::Rejected`](crate::TaskError::Rejected)). Without a hook they are dropped (and counted
     /// in [`ExecutorStats::rejected`](crate::ExecutorStats::rejected)).
     pub fn on_reject(mut self, hook: impl Fn(K, M) + Send + Sync + 'static) -> Self {
         self.on_reject = Some(Box::new(hook));

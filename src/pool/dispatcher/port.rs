@@ -15,7 +15,7 @@
 //!
 //!   flags, beside the phase:  CLOSED    set once by `close` (under the gate)
 //!                             DEFERRED  `set_deferred` (under the gate)
-//!                             TAKEOVER  `claim_takeover` / `clear_takeover`
+//!                             STEALING  `claim_steal` / `clear_steal`
 //! ```
 //!
 //! A submitter pushes, fences, and calls `schedule`: `Queue` means it moved
@@ -25,19 +25,19 @@
 //! `DEFERRED`: either the submitter saw SCHEDULED/RUNNING after its push,
 //! or the runner sees the push (SeqCst on both sides).
 //!
-//! # Taking over a turn
+//! # Stealing a turn
 //!
 //! A message of a key without a mailbox runs lent the port's free mailbox
 //! (the *loaner*), inside the port's turn, with the gate released; the rest
-//! of the inbox waits for it. If that step is long and a worker idles, the
-//! idle worker takes the rest of the turn over:
+//! of the inbox waits for it. If that step is stuck and a worker idles, the
+//! idle worker steals the rest of the turn (see `conserve/mod.rs`):
 //!
 //! ```text
 //!   runner (worker r)                 gate                 idle worker i
 //!   ─────────────────                 ────                 ─────────────
 //!   lend the loaner: lent = Some ───▶ epoch e
-//!   gate released, step runs ...                     ◀──── claim_takeover(): Won
-//!                                                          queue a takeover task
+//!   gate released, step runs ...                     ◀──── claim_steal(): Won
+//!                                                          queue a steal task
 //!                                                   ◀───── lock; lent still Some?
 //!                                     lent → map,          yes: the loaner becomes
 //!                                     epoch e+1,           its key's mailbox; i is
@@ -47,12 +47,12 @@
 //!   the turn is not ours: go on as that key's mailbox, never touch the state
 //! ```
 //!
-//! - Who asks: an idle worker that finds a stuck worker whose port's turn
-//!   holds deliveries (`StopTarget::takeover`); the `TAKEOVER` flag keeps it
-//!   to one takeover on its way at a time, cleared by whoever runs or
-//!   cancels that task. Submitters do not look at the turn's worker.
+//! - Who steals: an idle worker that finds a stuck worker whose port's
+//!   turn holds deliveries (`StopTarget::steal_turn`); the `STEALING` flag
+//!   keeps it to one steal on its way at a time, cleared by whoever runs or
+//!   cancels that task. Submitters do not watch the turn's worker.
 //! - The phase stays RUNNING throughout: nobody else schedules the port.
-//! - Only the loaner's step can be taken over: every other release of the
+//! - Only the loaner's step can be stolen from: every other release of the
 //!   gate in a turn happens with `lent` cleared.
 
 use std::collections::{HashMap, VecDeque};
@@ -71,9 +71,9 @@ use super::MailboxRef;
 
 pub(super) type PaddedPort<K, M, H, S> = CachePadded<Port<K, M, H, S>>;
 
-/// In a port task's tag (beside the port's index): take over the port's
-/// turn from a runner stuck in a lent step (see "Taking over a turn").
-pub(super) const TAKEOVER_TAG: usize = 1 << (usize::BITS - 1);
+/// In a port task's tag (beside the port's index): steal the port's
+/// turn from a runner stuck in a lent step (see "Stealing a turn").
+pub(super) const STEAL_TAG: usize = 1 << (usize::BITS - 1);
 
 // ----- the state word --------------------------------------------------------
 
@@ -91,13 +91,13 @@ pub(super) enum Schedule {
     Busy,
 }
 
-/// What [`PortState::claim_takeover`] did.
+/// What [`PortState::claim_steal`] did.
 #[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Claim {
-    /// The caller set the flag: it queues the takeover task.
+    /// The caller set the flag: it queues the steal task.
     Won,
-    /// A takeover is already on its way.
+    /// A steal is already on its way.
     Lost,
 }
 
@@ -107,7 +107,7 @@ impl PortState {
     /// Phase: the port's task is in a worker's queue, exactly once. Only
     /// `begin_turn` (the task running) leaves it.
     const SCHEDULED: usize = 1;
-    /// Phase: a turn is under way; one runner at a time (a takeover moves
+    /// Phase: a turn is under way; one runner at a time (a steal moves
     /// the turn, not the phase). Left by `yield_turn` or `end_turn`.
     const RUNNING: usize = 2;
     /// The phase bits.
@@ -119,9 +119,9 @@ impl PortState {
     /// only; the runner reads it after `end_turn` and a fence, as it reads
     /// the inbox.
     const DEFERRED: usize = 1 << 3;
-    /// A takeover of the port's turn is on its way to an idle worker. Set
+    /// A steal of the port's turn is on its way to an idle worker. Set
     /// by the worker that claims it, cleared by whoever runs or cancels it.
-    const TAKEOVER: usize = 1 << 4;
+    const STEALING: usize = 1 << 4;
 
     /// Idle, open, nothing deferred.
     pub(super) fn new() -> Self {
@@ -208,19 +208,19 @@ impl PortState {
         self.0.load(SeqCst) & Self::DEFERRED != 0
     }
 
-    /// Claims the one takeover that may be on its way.
-    pub(super) fn claim_takeover(&self) -> Claim {
-        if self.0.fetch_or(Self::TAKEOVER, SeqCst) & Self::TAKEOVER == 0 {
+    /// Claims the one steal that may be on its way.
+    pub(super) fn claim_steal(&self) -> Claim {
+        if self.0.fetch_or(Self::STEALING, SeqCst) & Self::STEALING == 0 {
             Claim::Won
         } else {
             Claim::Lost
         }
     }
 
-    /// The takeover claimed is running (or was cancelled): another may be
+    /// The steal claimed is running (or was cancelled): another may be
     /// claimed.
-    pub(super) fn clear_takeover(&self) {
-        self.0.fetch_and(!Self::TAKEOVER, SeqCst);
+    pub(super) fn clear_steal(&self) {
+        self.0.fetch_and(!Self::STEALING, SeqCst);
     }
 }
 
@@ -359,15 +359,15 @@ pub(super) struct Gate<K, M, H: Handler<K, M>, S> {
     /// The free mailbox the port lends a message of a key without one.
     pub(super) slot: Option<MailboxRef<K, M, H, S>>,
     /// The slot out running a message in the turn's owner's hands, if
-    /// any (for stats, and for a takeover, which moves it into the map).
+    /// any (for stats, and for a steal, which moves it into the map).
     pub(super) lent: Option<Lent<K, M, H, S>>,
-    /// Bumped by each takeover of the port's turn: a runner that finds it
+    /// Bumped by each steal of the port's turn: a runner that finds it
     /// changed when its slot comes back has lost the turn.
     pub(super) epoch: u32,
     /// The worker whose turn it is (or was last).
     pub(super) runner: usize,
     /// The inbox's mark when the turn began: the turn takes the deliveries
-    /// claimed before it (see "Fairness"); a takeover goes on to the same.
+    /// claimed before it (see "Fairness"); a steal goes on to the same.
     pub(super) until: usize,
     /// Free mailboxes for keys that get one.
     pub(super) spares: Vec<MailboxRef<K, M, H, S>>,
@@ -430,7 +430,7 @@ mod tests {
     fn flags_survive_every_phase_change() {
         let s = PortState::new();
         s.set_deferred(true);
-        assert_eq!(s.claim_takeover(), Claim::Won);
+        assert_eq!(s.claim_steal(), Claim::Won);
         assert_eq!(s.schedule(), Schedule::Queue);
         s.begin_turn();
         s.close();
@@ -438,7 +438,7 @@ mod tests {
         s.begin_turn();
         s.end_turn();
         assert!(s.is_closed() && s.has_deferred() && !s.is_busy());
-        assert_eq!(s.claim_takeover(), Claim::Lost);
+        assert_eq!(s.claim_steal(), Claim::Lost);
         // A closed port is still scheduled: its runner finds it closed.
         assert_eq!(s.schedule(), Schedule::Queue);
         s.set_deferred(false);
@@ -446,11 +446,11 @@ mod tests {
     }
 
     #[test]
-    fn one_takeover_at_a_time() {
+    fn one_steal_at_a_time() {
         let s = PortState::new();
-        assert_eq!(s.claim_takeover(), Claim::Won);
-        assert_eq!(s.claim_takeover(), Claim::Lost);
-        s.clear_takeover();
-        assert_eq!(s.claim_takeover(), Claim::Won);
+        assert_eq!(s.claim_steal(), Claim::Won);
+        assert_eq!(s.claim_steal(), Claim::Lost);
+        s.clear_steal();
+        assert_eq!(s.claim_steal(), Claim::Won);
     }
 }

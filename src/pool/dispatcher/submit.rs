@@ -69,19 +69,19 @@ where
     /// After a push to port `p`'s inbox (and a fence): queues the port's
     /// task unless it is queued or running already. If it is, the delivery
     /// waits for that turn, maybe behind a long step. The submitter does
-    /// not look at the step (a look reads a line the busy worker writes per
-    /// step): the idle workers do, and take the turn over if the step is
-    /// stuck (see "Taking over a turn"). It only makes sure one of them
-    /// will look again: if one sleeps without a timeout, it is called
-    /// (see "Who watches" in `executor.rs`).
+    /// not watch the step (a watch reads a line the busy worker writes per
+    /// step): the idle workers do, and steal the turn if the step is stuck
+    /// (see "Stealing a turn" in `port.rs`). It only makes sure one of them
+    /// will watch again: if every idle one sleeps, one is called (see "Why
+    /// no wake-up is lost" in `conserve/mod.rs`).
     #[inline]
     pub(super) fn schedule_port(this: &Arc<Self>, p: usize) {
         if this.ports.made(p).state.schedule() == Schedule::Queue {
             Self::queue_port(this, p);
         } else {
-            // SeqCst (in `any_deep`): a deep sleeper counted itself before
+            // SeqCst (in `any_sleeper`): a sleeper counted itself before
             // it looked at the ports and the workers.
-            this.shared.ensure_watcher(p);
+            this.shared.call_watcher(p);
         }
     }
 
@@ -100,7 +100,7 @@ where
                 this.shared.schedule(p, task);
             }
             // Behind the handler that sent it, which may run long.
-            None => this.shared.ensure_watcher(p),
+            None => this.shared.call_watcher(p),
         }
     }
 

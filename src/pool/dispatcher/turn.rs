@@ -19,15 +19,14 @@
 //! port again, as after any push. Deliveries a source stop took out of
 //! the inbox while the turn ran (the gate's `deferred`, ahead of the
 //! inbox) are all taken, even those pushed after the mark: they stand
-//! ahead of the inbox, and the credit bounds them as it bounds the rest. A turn lets its gate go every
-//! `GATE_HOLD` deliveries, so that a stop or a retiring mailbox never
-//! waits for a whole backlog.
+//! ahead of the inbox, and the credit bounds them as it bounds the rest.
+//! A turn lets its gate go every `GATE_HOLD` deliveries, so that a stop or
+//! a retiring mailbox never waits for a whole backlog.
 //!
-//! A bucket keeps the port it was placed on for the dispatcher's life.
 //! Port `p` belongs to worker `p`: its task is queued there, and its
 //! mailboxes run there. Its task carries the port's index (the task's
-//! tag), so that another worker can run it when work conservation moves
-//! it (see `executor.rs`): for that turn only.
+//! tag), so that another worker can run it when an idle worker steals
+//! it (see `conserve/mod.rs`): for that turn only.
 
 use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -47,7 +46,7 @@ use super::port::{Delivery, Gate, Lent, Schedule};
 use super::{DispatcherInner, MailboxRef};
 
 /// Deliveries a port's turn takes in a row before it lets its gate go
-/// for a moment (a stop, a retiring mailbox or a look for a takeover may
+/// for a moment (a stop, a retiring mailbox or a thief may
 /// be waiting for it); the turn goes on after. (Loom models never reach
 /// it: each lock is a scheduling point, and the turn owns nothing at that
 /// moment that another thread could take.)
@@ -73,13 +72,13 @@ where
         Self::deliveries(&this, p, gate, epoch, cx);
     }
 
-    /// A takeover (see "Taking over a turn"): if port `p`'s turn is still
+    /// A steal (see "Stealing a turn" in `port.rs`): if port `p`'s turn is still
     /// running a message in its slot, this worker takes the rest of the
     /// turn; the slot becomes its key's mailbox, so that key's next
     /// messages queue behind the running one.
-    pub(super) fn take_over(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
+    pub(super) fn run_stolen_turn(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
         let port = this.ports.made(p);
-        port.state.clear_takeover();
+        port.state.clear_steal();
         let mut gate = port.gate.lock();
         let Some(Lent(slot)) = gate.lent else {
             // The runner is back from its slot: its turn goes on.
@@ -126,7 +125,7 @@ where
             }
             held += 1;
             if held > GATE_HOLD {
-                // Nothing is lent: the turn cannot be taken over meanwhile.
+                // Nothing is lent: the turn cannot be stolen meanwhile.
                 drop(gate);
                 gate = port.gate.lock();
                 held = 1;
@@ -203,7 +202,7 @@ where
                 let step = unsafe { Mailbox::start(&slot, env, stamp, cx) };
                 gate = port.gate.lock();
                 if gate.epoch != epoch {
-                    // Taken over while the message ran: the turn is another
+                    // Stolen while the message ran: the turn is another
                     // worker's, and the slot its key's mailbox, in the map
                     // (maybe with messages queued): go on as that mailbox.
                     drop(gate);

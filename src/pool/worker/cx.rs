@@ -12,7 +12,7 @@ use crate::pool::turns::Turns;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::RunQueue;
 
-use super::{park, park_watching, Look, Worker, WATCH_PARK, WATCH_PARK_MAX};
+use super::Worker;
 
 /// `WorkerCx::in_port` outside a port's turn.
 pub(super) const NO_PORT: usize = usize::MAX;
@@ -28,7 +28,7 @@ pub(crate) struct WorkerCx<'a> {
     /// before the next task is taken, so the order stays FIFO. Only this
     /// thread pushes and pops; an idle worker may take the oldest task
     /// while this one is stuck in a step (`Worker::thief`).
-    local: RunQueue<Task>,
+    pub(crate) local: RunQueue<Task>,
     /// Steps begun (see `Worker::steps`, which this mirrors).
     progress: Cell<u32>,
     /// Credit units of finished messages not given back yet: returning them
@@ -115,7 +115,7 @@ impl<'a> WorkerCx<'a> {
     }
 
     #[inline]
-    fn publish_len(&self, len: usize) {
+    pub(crate) fn publish_len(&self, len: usize) {
         self.me()
             .local_len
             .store(len + usize::from(self.in_port.get() != NO_PORT), Relaxed);
@@ -128,16 +128,6 @@ impl<'a> WorkerCx<'a> {
     pub(crate) fn port_turn(&self, p: Option<usize>) {
         self.in_port.set(p.unwrap_or(NO_PORT));
         self.publish_len(self.local.len());
-    }
-
-    /// A stretch of a mailbox's turn ran for [`LONG_STEP_US`] or more:
-    /// yield the thread, so that a thread the kernel queued behind this
-    /// one on its CPU (another worker with work, a producer) runs before
-    /// the next message (see "Long steps give way" in `executor.rs`).
-    #[cold]
-    pub(crate) fn give_way(&self) {
-        self.me().counters.gave_way.fetch_add(1, Relaxed);
-        crate::sync::thread::yield_now();
     }
 
     /// A step begins on this worker (a task, or a message in a port's
@@ -174,7 +164,7 @@ impl<'a> WorkerCx<'a> {
         }
     }
 
-    fn me(&self) -> &Worker {
+    pub(crate) fn me(&self) -> &Worker {
         &self.shared.workers[self.index]
     }
 
@@ -193,79 +183,6 @@ impl<'a> WorkerCx<'a> {
             self.step();
         }
         task
-    }
-
-    /// Out of work: takes one task waiting behind a stuck worker's step
-    /// (see "Work conservation" in `executor.rs`) onto this worker's queue.
-    /// True if it found one.
-    pub(super) fn help(&self) -> bool {
-        let me = self.me();
-        me.watched.call.store(false, Relaxed);
-        let workers = &self.shared.workers;
-        let n = workers.len();
-        for i in 1..n {
-            let w = (self.index + i) % n;
-            let other = &workers[w];
-            // Nothing queued and no port's turn under way: nothing waits
-            // behind its step. (The queues themselves, not `local_len`,
-            // which its owner publishes relaxed.)
-            let waiting = !other.thief.is_empty()
-                || !other.queue.is_empty()
-                || other.local_len.load(Relaxed) != 0;
-            if waiting && other.look(|| self.shared.now_us()) == Look::Stuck {
-                // A task queued behind the step, else the rest of a port's
-                // turn that the step holds up.
-                if let Some(task) = other.steal().or_else(|| self.shared.takeover(w)) {
-                    self.local.push(task);
-                    self.publish_len(self.local.len());
-                    return true;
-                }
-            }
-        }
-        false
-    }
-
-    /// Whether another worker runs a step with work waiting behind it: then
-    /// this one watches closely ([`WATCH_PARK`]).
-    fn watch_others(&self) -> bool {
-        let workers = &self.shared.workers;
-        workers
-            .iter()
-            .enumerate()
-            .any(|(i, w)| i != self.index && w.busy_with_backlog())
-    }
-
-    /// Parks, out of work, with work conservation on and other workers
-    /// there (see "Who watches" in `executor.rs`). Counted among the deep
-    /// sleepers first, it looks at the other workers and the ports: if any
-    /// is active, it stops counting as deep and parks watching — for
-    /// [`WATCH_PARK`] if a worker has work queued behind its step, else for
-    /// [`WATCH_PARK_MAX`]; otherwise it sleeps until woken or called,
-    /// counted deep.
-    pub(super) fn park_conserving(&self) {
-        let me = self.me();
-        let deep = self.shared.sleep_deep(self.index);
-        let active = self
-            .shared
-            .workers
-            .iter()
-            .enumerate()
-            .any(|(i, w)| i != self.index && w.active())
-            || self.shared.any_port_busy();
-        if active {
-            // No longer deep: a caller that still sees the count finds this
-            // worker unmarked (a watcher), and calls nobody.
-            drop(deep);
-            let timeout = if self.watch_others() {
-                WATCH_PARK
-            } else {
-                WATCH_PARK_MAX
-            };
-            park_watching(me, timeout);
-        } else {
-            park(me);
-            drop(deep);
-        }
     }
 
     /// The number of the task this worker is running (wrapping).

@@ -43,7 +43,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // help a stuck worker, else give back held-back credit and wait.
         let conserve = shared.config.work_conservation;
         let _idle = conserve.then(|| shared.idle(index));
-        if conserve && !shared.is_forced() && cx.help() {
+        if conserve && !shared.is_forced() && cx.steal() {
             continue;
         }
         cx.flush_credit();
@@ -61,7 +61,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             }
         } else {
             #[cfg(not(loom))]
-            if last_wait < SETTLE_WINDOW && settle(&shared, me, st) {
+            if last_wait < YIELD_WINDOW && yield_before_park(&shared, me, st) {
                 last_wait = idle_since.elapsed();
                 continue;
             }
@@ -82,9 +82,9 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         }
         me.counters.parks.fetch_add(1, Relaxed);
         if conserve && shared.workers.len() > 1 && shared.config.watchers() {
-            cx.park_conserving();
+            cx.park();
         } else {
-            park(me);
+            park_until_woken(me);
         }
         shared.metrics.unparked();
         last_wait = idle_since.elapsed();
@@ -112,41 +112,10 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
 }
 
 /// Sleeps until woken (a pusher or a stop moves `state` out of `PARKED`).
-pub(super) fn park(me: &Worker) {
+pub(crate) fn park_until_woken(me: &Worker) {
     while me.state.load(SeqCst) == PARKED {
         thread::park();
     }
-}
-
-/// How long a worker sleeps while another runs a step with work behind it
-/// (see [`WorkerCx::watch_others`]): a step that began after every other
-/// thread last looked at it is found stuck within about this long, even if
-/// no submitter comes by.
-pub(super) const WATCH_PARK: Duration = Duration::from_micros(100);
-
-/// How long a worker sleeps while another is active but has nothing
-/// queued behind its step: a pool with one busy worker does not wake the
-/// others 10,000 times a second for nothing, and a step that gets work
-/// queued behind it meanwhile is found by the sampled looks of the
-/// submitters that queue it, or at the next watch. (Doubling the watch
-/// from [`WATCH_PARK`] up to this instead was measured no better on W7;
-/// see BENCHMARKS.md.)
-pub(super) const WATCH_PARK_MAX: Duration = Duration::from_micros(1_600);
-
-/// Sleeps until woken or `timeout` passed; then leaves `PARKED` itself
-/// (unless a waker did: its unpark then costs one spurious wake). Under
-/// loom, which has no clock, it yields instead: the timeout has passed.
-pub(super) fn park_watching(me: &Worker, timeout: Duration) {
-    #[cfg(not(loom))]
-    if me.state.load(SeqCst) == PARKED {
-        thread::park_timeout(timeout);
-    }
-    #[cfg(loom)]
-    {
-        let _ = timeout;
-        thread::yield_now();
-    }
-    let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
 }
 
 /// Spins until work arrives (true), `spin` passes, or a stop begins.
@@ -183,21 +152,21 @@ fn spin_for_work(shared: &Shared, me: &Worker, spin: Duration, start: Instant, s
 
 /// Before parking, a worker whose last wait was shorter than this yields
 /// its core a few times, looking for work between yields
-/// ([`SETTLE_YIELDS`]); after a longer wait it parks at once.
+/// ([`YIELDS_BEFORE_PARK`]); after a longer wait it parks at once.
 #[cfg(not(loom))]
-const SETTLE_WINDOW: Duration = Duration::from_micros(50);
+const YIELD_WINDOW: Duration = Duration::from_micros(50);
 #[cfg(not(loom))]
-const SETTLE_YIELDS: u32 = 4;
+const YIELDS_BEFORE_PARK: u32 = 4;
 
-/// The settle before a park (see [`SETTLE_WINDOW`]): true if work arrived.
+/// The settle before a park (see [`YIELD_WINDOW`]): true if work arrived.
 /// A message that arrives while a worker yields costs its sender no
 /// wake-up; the yields give the core to whichever thread the worker waits
 /// for, and cost a few system calls when none is runnable.
 #[cfg(not(loom))]
-fn settle(shared: &Shared, me: &Worker, st: usize) -> bool {
+fn yield_before_park(shared: &Shared, me: &Worker, st: usize) -> bool {
     me.state.store(SPINNING, SeqCst);
     let mut found = false;
-    for _ in 0..SETTLE_YIELDS {
+    for _ in 0..YIELDS_BEFORE_PARK {
         thread::yield_now();
         if me.has_news() {
             found = true;
