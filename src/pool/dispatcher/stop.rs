@@ -24,7 +24,7 @@ use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::pool::handler::Handler;
-use crate::pool::mailbox::{Envelope, Mailbox};
+use crate::pool::mailbox::{Envelope, Mailbox, StopClaim};
 use crate::pool::source::SourceRef;
 use crate::pool::task::Task;
 use crate::sync::atomic::fence;
@@ -94,7 +94,7 @@ where
                             catch_unwind(AssertUnwindSafe(|| unsafe { m.key() }.clone())).ok();
                         handed.extend(out.into_iter().map(|env| (key.clone(), env)));
                     }
-                    if m.claim_for_stop() {
+                    if m.claim_for_stop() == StopClaim::Claimed {
                         // SAFETY: the claim made us the owner of its turn.
                         match unsafe { m.current() } {
                             Some(held) if stopped(held.source) => claimed.push(m.clone()),
