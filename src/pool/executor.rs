@@ -251,7 +251,7 @@ impl KeyedExecutor {
     }
 
     /// A snapshot of the executor's counters and worker states. Cheap enough
-    /// to poll (it briefly locks each dispatcher's shards to count mailboxes).
+    /// to poll (it briefly takes each port's gate to count mailboxes).
     pub fn stats(&self) -> ExecutorStats {
         self.shared.stats()
     }

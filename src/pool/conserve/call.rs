@@ -28,8 +28,7 @@ impl Shared {
         // either sees the task behind a stuck `worker` itself, or is seen
         // here and called to take it. A watch made before the push is
         // reused, not repeated: it is a few nanoseconds old, and a watch
-        // reads the clock (two per wake-up were 3 % of the device thread's
-        // time in W3).
+        // reads the clock.
         if self.any_idle() {
             self.call_if_stuck(worker, seen);
         }

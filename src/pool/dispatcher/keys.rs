@@ -245,14 +245,13 @@ where
         let key = unsafe { mailbox.release(false) };
         // Keep as many spares as the port has live mailboxes, plus a
         // quarter, plus `SPARES`: keys whose handlers suspend (async I/O)
-        // each hold a mailbox while they wait, and with a fixed cap every
-        // message paid an allocation and a free (W3). The margin absorbs a
-        // burst of completions (a device finishing many futures at once):
-        // with the cap at the live count exactly, each drain of a burst
-        // lowered the cap by one and freed two mailboxes, which the next
-        // burst of new keys allocated again. As the live ones drain, one
-        // excess spare goes per drain, so the spares follow them down; the
-        // last live one's drain keeps `SPARES` and lets the rest go.
+        // each hold a mailbox while they wait, and a fixed cap would make
+        // every such message pay an allocation and a free. The margin
+        // absorbs a burst of completions (a device finishing many futures
+        // at once), so that the next burst of new keys finds the mailboxes
+        // the last one freed. As the live ones drain, one excess spare goes
+        // per drain, so the spares follow them down; the last live one's
+        // drain keeps `SPARES` and lets the rest go.
         let live = gate.active.len();
         let keep = SPARES + live + live / 4;
         let excess: Vec<MailboxRef<K, M, H, S>> = if live == 0 && gate.spares.len() > SPARES {
@@ -274,7 +273,7 @@ where
     }
 
     /// (keys with work in a mailbox, free mailboxes kept for reuse, map
-    /// entries plus slots out running).
+    /// entries plus loaners out running).
     pub(super) fn count_mailboxes(&self) -> (usize, usize, usize) {
         let (mut live, mut free, mut all) = (0, 0, 0);
         for (_, port) in self.ports.iter() {
@@ -282,7 +281,7 @@ where
             let lent = usize::from(gate.lent.is_some());
             all += gate.active.len() + lent;
             live += gate.active.values().filter(|m| !m.is_closed()).count() + lent;
-            free += gate.spares.len() + usize::from(gate.slot.is_some());
+            free += gate.spares.len() + usize::from(gate.loaner.is_some());
         }
         (live, free, all)
     }

@@ -251,13 +251,13 @@ pub(super) struct Port<K, M, H: Handler<K, M>, S> {
 /// gets a delivery of the dispatcher: an idle dispatcher pays a pointer per
 /// worker, not a port. Made ports live as long as the dispatcher.
 pub(super) struct Ports<P> {
-    pub(super) slots: Box<[AtomicPtr<P>]>,
+    pub(super) ptrs: Box<[AtomicPtr<P>]>,
 }
 
 impl<P> Ports<P> {
     pub(super) fn new(n: usize) -> Self {
         Ports {
-            slots: (0..n)
+            ptrs: (0..n)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
         }
@@ -267,9 +267,9 @@ impl<P> Ports<P> {
     #[inline]
     pub(super) fn get(&self, i: usize) -> Option<&P> {
         // SeqCst: against a force stop, which sets its flag and then walks
-        // the slots (see `DispatcherInner::port`).
-        let p = self.slots[i].load(SeqCst);
-        // SAFETY: a non-null slot points to a port made by `get_or_make`,
+        // the pointers (see `DispatcherInner::port`).
+        let p = self.ptrs[i].load(SeqCst);
+        // SAFETY: a non-null pointer points to a port made by `get_or_make`,
         // freed only when `self` drops.
         (!p.is_null()).then(|| unsafe { &*p })
     }
@@ -293,7 +293,7 @@ impl<P> Ports<P> {
     #[cold]
     fn make(&self, i: usize, make: impl FnOnce() -> P) -> &P {
         let new = Box::into_raw(Box::new(make()));
-        match self.slots[i].compare_exchange(std::ptr::null_mut(), new, SeqCst, SeqCst) {
+        match self.ptrs[i].compare_exchange(std::ptr::null_mut(), new, SeqCst, SeqCst) {
             // SAFETY: just published; freed only when `self` drops.
             Ok(_) => unsafe { &*new },
             Err(theirs) => {
@@ -307,14 +307,14 @@ impl<P> Ports<P> {
 
     /// The ports made so far, with their worker.
     pub(super) fn iter(&self) -> impl Iterator<Item = (usize, &P)> + '_ {
-        (0..self.slots.len()).filter_map(move |i| self.get(i).map(|p| (i, p)))
+        (0..self.ptrs.len()).filter_map(move |i| self.get(i).map(|p| (i, p)))
     }
 }
 
 impl<P> Drop for Ports<P> {
     fn drop(&mut self) {
-        for slot in self.slots.iter() {
-            let p = slot.load(Acquire);
+        for ptr in self.ptrs.iter() {
+            let p = ptr.load(Acquire);
             if !p.is_null() {
                 // SAFETY: made by `make` with `Box::into_raw`; nobody holds
                 // a reference once the dispatcher drops.
@@ -339,7 +339,7 @@ impl<K, M, H: Handler<K, M>, S> Port<K, M, H, S> {
             inbox: Inbox::new(),
             gate: CachePadded::new(SpinLock::new(Gate {
                 active: HashMap::default(),
-                slot: None,
+                loaner: None,
                 lent: None,
                 epoch: 0,
                 runner: p,
@@ -357,12 +357,12 @@ pub(super) struct Gate<K, M, H: Handler<K, M>, S> {
     /// running turn, a suspended future). A key without a mailbox has none.
     pub(super) active: Keys<K, M, H, S>,
     /// The free mailbox the port lends a message of a key without one.
-    pub(super) slot: Option<MailboxRef<K, M, H, S>>,
-    /// The slot out running a message in the turn's owner's hands, if
+    pub(super) loaner: Option<MailboxRef<K, M, H, S>>,
+    /// The loaner out running a message in the turn's owner's hands, if
     /// any (for stats, and for a steal, which moves it into the map).
     pub(super) lent: Option<Lent<K, M, H, S>>,
     /// Bumped by each steal of the port's turn: a runner that finds it
-    /// changed when its slot comes back has lost the turn.
+    /// changed when its loaner comes back has lost the turn.
     pub(super) epoch: u32,
     /// The worker whose turn it is (or was last).
     pub(super) runner: usize,
@@ -377,9 +377,9 @@ pub(super) struct Gate<K, M, H: Handler<K, M>, S> {
     pub(super) deferred: VecDeque<Deferred<K, M, H::Output>>,
 }
 
-/// The lent slot: a pointer, not a reference count (that would cost two
+/// The loaner out running: a pointer, not a reference count (that would cost two
 /// atomic operations a message); the runner holds the `Arc` while it is
-/// set, and clears it under the gate before it lets the slot go.
+/// set, and clears it under the gate before it lets the loaner go.
 pub(super) struct Lent<K, M, H: Handler<K, M>, S>(pub(super) NonNull<Mailbox<K, M, H, S>>);
 
 impl<K, M, H: Handler<K, M>, S> Clone for Lent<K, M, H, S> {

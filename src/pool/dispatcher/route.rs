@@ -80,7 +80,7 @@ where
 
     /// Port `p`, made now if this is its first delivery. A port made after
     /// a force stop began is closed at once (the stop's walk may have
-    /// passed its slot; see `force_drain`).
+    /// passed its pointer; see `force_drain`).
     #[inline]
     pub(super) fn port(&self, p: usize) -> &Port<K, M, H, S> {
         if let Some(port) = self.ports.get(p) {

@@ -145,7 +145,7 @@ where
         }
     }
 
-    /// Whether nothing of this dispatcher is in flight: no mailbox, no slot
+    /// Whether nothing of this dispatcher is in flight: no mailbox, no loaner
     /// out, nothing in an inbox.
     pub(super) fn is_quiet(&self) -> bool {
         self.ports.iter().all(|(_, port)| {
@@ -157,14 +157,14 @@ where
         })
     }
 
-    /// Frees the ports' slots and spare mailboxes (each holds the
+    /// Frees the ports' loaners and spare mailboxes (each holds the
     /// dispatcher: a cycle until this). Only once nothing is in flight.
     pub(super) fn release_spares(&self) {
         for (_, port) in self.ports.iter() {
             let freed: Vec<MailboxRef<K, M, H, S>> = {
                 let mut gate = port.gate.lock();
                 let mut freed = std::mem::take(&mut gate.spares);
-                freed.extend(gate.slot.take());
+                freed.extend(gate.loaner.take());
                 freed
             };
             drop(freed);

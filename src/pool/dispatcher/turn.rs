@@ -7,7 +7,7 @@
 //! sources bounds them); what is pushed after the mark waits for the
 //! port's next turn, which the port queues behind the worker's other
 //! tasks. A mailbox the turn gives a queued message (a key whose turn was
-//! spent in the slot) or that yields meanwhile goes to the back of the
+//! spent lent) or that yields meanwhile goes to the back of the
 //! worker's queue while the turn still runs, so it gets no second turn
 //! before the turn has delivered everything that was waiting when it
 //! began. That is the fairness bound for messages still in the inbox: a
@@ -73,24 +73,24 @@ where
     }
 
     /// A steal (see "Stealing a turn" in `port.rs`): if port `p`'s turn is still
-    /// running a message in its slot, this worker takes the rest of the
-    /// turn; the slot becomes its key's mailbox, so that key's next
+    /// running a message lent, this worker takes the rest of the
+    /// turn; the loaner becomes its key's mailbox, so that key's next
     /// messages queue behind the running one.
     pub(super) fn run_stolen_turn(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
         let port = this.ports.made(p);
         port.state.clear_steal();
         let mut gate = port.gate.lock();
-        let Some(Lent(slot)) = gate.lent else {
-            // The runner is back from its slot: its turn goes on.
+        let Some(Lent(loaner)) = gate.lent else {
+            // The runner is back from its lent step: its turn goes on.
             return;
         };
         if port.state.is_closed() || this.shared.is_forced() {
             return;
         }
-        // SAFETY: the lent slot is alive while `lent` is set (its runner
+        // SAFETY: the loaner is alive while `lent` is set (its runner
         // holds it), and `Arc::as_ptr` made the pointer.
-        let slot = unsafe { crate::sync::arc_clone_raw(slot.as_ptr().cast_const()) };
-        if this.activate(&mut gate, &slot).is_err() {
+        let loaner = unsafe { crate::sync::arc_clone_raw(loaner.as_ptr().cast_const()) };
+        if this.activate(&mut gate, &loaner).is_err() {
             // The key's `Clone` or `Eq` panicked: leave the turn to its runner.
             return;
         }
@@ -99,7 +99,7 @@ where
         gate.epoch = gate.epoch.wrapping_add(1);
         let epoch = gate.epoch;
         gate.runner = cx.index;
-        drop(slot);
+        drop(loaner);
         cx.port_turn(Some(p));
         Self::deliveries(&this, p, gate, epoch, cx);
     }
@@ -184,35 +184,35 @@ where
             // The key has no mailbox: nothing of it waits or runs.
             let spent = cx.turn_spent(port_id, hash);
             if spent < throughput && !this.shared.is_forced() {
-                // Run it now, in the port's slot, with the gate released (a
+                // Run it now, lent the port's loaner, with the gate released (a
                 // long handler must not hold up a stop, which takes it).
-                let slot = match gate.slot.take() {
-                    Some(slot) => slot,
+                let loaner = match gate.loaner.take() {
+                    Some(loaner) => loaner,
                     None => Self::spare(this, &mut gate, p),
                 };
-                // SAFETY: the slot is free and we hold the gate.
+                // SAFETY: the loaner is free and we hold the gate.
                 unsafe {
-                    slot.assign(key, hash);
-                    slot.lend();
+                    loaner.assign(key, hash);
+                    loaner.lend();
                 }
-                gate.lent = Some(Lent(mailbox_ptr(&slot)));
+                gate.lent = Some(Lent(mailbox_ptr(&loaner)));
                 drop(gate);
                 cx.step();
-                // SAFETY: the slot is ours (`RUNNING`), with a key, no future.
-                let step = unsafe { Mailbox::start(&slot, env, stamp, cx) };
+                // SAFETY: the loaner is ours (`RUNNING`), with a key, no future.
+                let step = unsafe { Mailbox::start(&loaner, env, stamp, cx) };
                 gate = port.gate.lock();
                 if gate.epoch != epoch {
                     // Stolen while the message ran: the turn is another
-                    // worker's, and the slot its key's mailbox, in the map
+                    // worker's, and the loaner its key's mailbox, in the map
                     // (maybe with messages queued): go on as that mailbox.
                     drop(gate);
                     cx.port_turn(None);
                     match step {
                         Step::Done => {
                             let left = (throughput - spent - 1) as usize;
-                            Mailbox::turn(slot, cx, left);
+                            Mailbox::turn(loaner, cx, left);
                         }
-                        Step::Pending => Mailbox::after_pending(slot, cx),
+                        Step::Pending => Mailbox::after_pending(loaner, cx),
                     }
                     return;
                 }
@@ -221,10 +221,10 @@ where
                     Step::Done => {
                         cx.record_turn(port_id, hash, spent + 1);
                         // SAFETY: ours, under the gate, finished.
-                        let key = unsafe { slot.release(false) };
-                        match gate.slot {
-                            None => gate.slot = Some(slot),
-                            Some(_) => gate.spares.push(slot),
+                        let key = unsafe { loaner.release(false) };
+                        match gate.loaner {
+                            None => gate.loaner = Some(loaner),
+                            Some(_) => gate.spares.push(loaner),
                         }
                         if std::mem::needs_drop::<K>() {
                             drop(gate);
@@ -233,19 +233,19 @@ where
                         }
                     }
                     Step::Pending => {
-                        // The slot becomes the key's mailbox. (After a force
+                        // The loaner becomes the key's mailbox. (After a force
                         // stop emptied the port, the runner cancels it.)
                         if !port.state.is_closed() {
-                            if let Err(p) = this.activate(&mut gate, &slot) {
+                            if let Err(p) = this.activate(&mut gate, &loaner) {
                                 drop(gate);
-                                this.stray_pending(slot, p, cx);
+                                this.stray_pending(loaner, p, cx);
                                 gate = port.gate.lock();
                                 continue;
                             }
                             crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
                         }
                         drop(gate);
-                        Mailbox::after_pending(slot, cx);
+                        Mailbox::after_pending(loaner, cx);
                         gate = port.gate.lock();
                     }
                 }
@@ -316,13 +316,13 @@ where
     #[cold]
     pub(super) fn stray_pending(
         &self,
-        slot: MailboxRef<K, M, H, S>,
+        loaner: MailboxRef<K, M, H, S>,
         _panic: Panic,
         cx: &WorkerCx<'_>,
     ) {
         let _ = cx;
-        // SAFETY: the slot is still ours (`RUNNING`, not in the map).
-        unsafe { slot.cancel_current() };
-        slot.close();
+        // SAFETY: the loaner is still ours (`RUNNING`, not in the map).
+        unsafe { loaner.cancel_current() };
+        loaner.close();
     }
 }

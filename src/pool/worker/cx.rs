@@ -22,7 +22,7 @@ pub(crate) struct WorkerCx<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) index: usize,
     /// The worker's FIFO run queue. Tasks it queues itself (a mailbox its
-    /// port revived, a mailbox yielding after `throughput` messages or woken
+    /// port's turn gave a queued message, a mailbox yielding after `throughput` messages or woken
     /// during its poll) go here without atomics; tasks from other threads
     /// arrive through `Worker::queue` and are appended here in arrival order
     /// before the next task is taken, so the order stays FIFO. Only this
@@ -36,9 +36,8 @@ pub(crate) struct WorkerCx<'a> {
     /// every message. Given back when the batch is full, before a message of
     /// another receiver starts, and before the worker waits for work.
     pending: Cell<Option<(SourceRef, u64)>>,
-    /// Tasks this worker has taken from its queue (wrapping): a mailbox
-    /// revived by the very task that followed its last turn continues that
-    /// turn (see `Mailbox::revived`).
+    /// Tasks this worker has taken from its queue (wrapping): the `Turns`
+    /// tables tell "this task or the one before" by it (see `turns.rs`).
     ticks: Cell<u32>,
     /// The port whose turn runs on this worker, or [`NO_PORT`] (see
     /// [`port_turn`](Self::port_turn)). The port's own worker is the home
@@ -271,9 +270,9 @@ pub(super) use current::{CURRENT, CX};
 /// places a new key, if it has a preference: the worker its port's turn
 /// belongs to, when the turn was moved here (work conservation) and that
 /// worker has nothing queued — the keys a key messages first then share
-/// its home, not the worker that happened to run one turn of it (W4 split
-/// its two keys across the workers that way, a wake-up per message) —
-/// else the current worker, if it has nothing queued besides the task it
+/// its home, not the worker that happened to run one turn of it (which
+/// would split a pair of keys that message each other across workers, a
+/// wake-up per message) — else the current worker, if it has nothing queued besides the task it
 /// is running (a port's turn counts as queued work for other threads, not
 /// for the handler running inside it).
 pub(crate) fn home_for_new_key(shared: &Shared) -> Option<usize> {
