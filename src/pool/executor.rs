@@ -53,7 +53,7 @@ use crate::pool::config::{Builder, Config};
 use crate::pool::dispatcher::{Dispatcher, DispatcherBuilder};
 use crate::pool::handler::Handler;
 use crate::pool::stats::ExecutorStats;
-use crate::pool::worker::{self, EXITED};
+use crate::pool::worker::{self, Worker};
 use crate::sync::atomic::Ordering::*;
 use crate::sync::{thread, Arc};
 use crate::trace;
@@ -147,7 +147,7 @@ impl KeyedExecutor {
                     // Count the workers that never started as exited, then
                     // stop the ones that did (dropping `executor` does that).
                     for j in i..n {
-                        shared.workers[j].state.store(EXITED, SeqCst);
+                        shared.workers[j].state.store(Worker::EXITED, SeqCst);
                         shared.worker_exited();
                     }
                     drop(executor);

@@ -9,18 +9,15 @@ use crossbeam_utils::CachePadded;
 use crate::pool::config::Config;
 use crate::pool::conserve::Idle;
 use crate::pool::dispatcher::StopTarget;
-use crate::pool::observe::Watch;
+use crate::pool::observe::SlowSteps;
 use crate::pool::source::{PinnedSource, SourceRef};
 use crate::pool::spawn::Spawned;
 use crate::pool::stats::{DispatcherStats, ExecutorStats, WorkerState, WorkerStats};
 use crate::pool::task::Task;
-use crate::pool::worker::{self, Worker, EXITED, PARKED, RUNNING, SPINNING};
+use crate::pool::worker::{self, Worker};
 use crate::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{thread, Condvar, Mutex};
 use crate::trace;
-
-const CLOSED: usize = 1;
-const FORCED: usize = 2;
 
 pub(crate) struct Registry {
     pub(crate) targets: Vec<Box<dyn StopTarget>>,
@@ -53,19 +50,25 @@ pub(crate) struct Shared {
     sources: Mutex<Vec<SourceRef>>,
     /// Futures spawned through `futures_task::Spawn` (see `spawn.rs`).
     pub(crate) spawned: Spawned,
-    /// The slow-step watch and the clock's epoch (see `observe.rs`).
-    pub(crate) watch: Watch,
+    /// The slow-step report and the clock's epoch (see `observe.rs`).
+    pub(crate) slow_steps: SlowSteps,
     /// Metrics handles (zero-sized without the `metrics` feature).
     pub(crate) metrics: crate::pool::metrics::ExecutorMetrics,
 }
 
 impl Shared {
+    /// In `state`: nothing new is accepted. Only ever set.
+    const CLOSED: usize = 1;
+    /// In `state`: nothing new starts (a force stop). Only ever set, with
+    /// `CLOSED`.
+    const FORCED: usize = 2;
+
     /// The state of a new executor of `config`: no worker started yet,
     /// one `KeyedExecutor` handle.
     pub(crate) fn new(config: Config) -> Self {
         let n = config.workers;
-        let watch = Watch::new(config.slow_step, n);
-        let metrics = crate::pool::metrics::ExecutorMetrics::new(&config, watch.epoch());
+        let slow_steps = SlowSteps::new(config.slow_step, n);
+        let metrics = crate::pool::metrics::ExecutorMetrics::new(&config, slow_steps.epoch());
         Shared {
             workers: (0..n).map(|_| Worker::new()).collect(),
             config,
@@ -90,7 +93,7 @@ impl Shared {
             rejected: AtomicU64::new(0),
             sources: Mutex::new(Vec::new()),
             spawned: Spawned::new(),
-            watch,
+            slow_steps,
             metrics,
         }
     }
@@ -107,20 +110,20 @@ impl Shared {
 
     #[inline]
     pub(crate) fn is_closed(&self) -> bool {
-        self.state() & CLOSED != 0
+        self.state() & Self::CLOSED != 0
     }
 
     #[inline]
     pub(crate) fn is_forced(&self) -> bool {
-        self.state() & FORCED != 0
+        self.state() & Self::FORCED != 0
     }
 
     /// Whether a worker that ran out of work should exit.
     pub(crate) fn should_exit(&self, state: usize) -> bool {
-        if state & FORCED != 0 {
+        if state & Self::FORCED != 0 {
             return true;
         }
-        state & CLOSED != 0 && self.is_drained()
+        state & Self::CLOSED != 0 && self.is_drained()
     }
 
     /// No receiver has a credit unit out (every accepted message finished:
@@ -183,8 +186,8 @@ impl Shared {
             let w = &self.workers[idx];
             let load = w.queued();
             match w.state.load(Relaxed) {
-                RUNNING | SPINNING if load == 0 => return idx,
-                PARKED if parked.is_none() => parked = Some(idx),
+                Worker::RUNNING | Worker::SPINNING if load == 0 => return idx,
+                Worker::PARKED if parked.is_none() => parked = Some(idx),
                 _ if load < least.0 => least = (load, idx),
                 _ => {}
             }
@@ -199,7 +202,7 @@ impl Shared {
         w.queue.push(task);
         fence(SeqCst);
         w.wake_if_parked();
-        if self.is_forced() || w.state.load(SeqCst) == EXITED {
+        if self.is_forced() || w.state.load(SeqCst) == Worker::EXITED {
             // The stop may already have emptied this queue and the worker may
             // be gone (a force stop, or the end of a graceful one, which a
             // task sent home by work conservation can meet): cancel what we
@@ -235,7 +238,7 @@ impl Shared {
     }
 
     pub(super) fn close(&self) {
-        self.state.fetch_or(CLOSED, SeqCst);
+        self.state.fetch_or(Self::CLOSED, SeqCst);
         self.wake_all();
         self.release_waiters();
     }
@@ -271,7 +274,7 @@ impl Shared {
         // queued messages or suspended futures.
         let targets: Vec<Box<dyn StopTarget>> = {
             let reg = self.registry.lock();
-            self.state.fetch_or(CLOSED | FORCED, SeqCst);
+            self.state.fetch_or(Self::CLOSED | Self::FORCED, SeqCst);
             reg.targets.iter().map(|t| t.clone_box()).collect()
         };
         self.wake_all();
@@ -398,9 +401,9 @@ impl Shared {
                 let c = &w.counters;
                 WorkerStats {
                     state: match w.state.load(Relaxed) {
-                        RUNNING => WorkerState::Running,
-                        SPINNING => WorkerState::Spinning,
-                        PARKED => WorkerState::Parked,
+                        Worker::RUNNING => WorkerState::Running,
+                        Worker::SPINNING => WorkerState::Spinning,
+                        Worker::PARKED => WorkerState::Parked,
                         _ => WorkerState::Exited,
                     },
                     queued_tasks: w.queued(),
@@ -412,7 +415,7 @@ impl Shared {
                     unparks: c.unparks.load(Relaxed),
                     spin_hits: c.spin_hits.load(Relaxed),
                     gave_way: c.gave_way.load(Relaxed),
-                    current_step: self.watch.current_step(self, i, &targets),
+                    current_step: self.slow_steps.current_step(self, i, &targets),
                 }
             })
             .collect();

@@ -3,7 +3,7 @@
 
 use crate::pool::shared::Shared;
 use crate::pool::task::Task;
-use crate::pool::worker::{self, Worker, PARKED};
+use crate::pool::worker::{self, Worker};
 use crate::sync::atomic::{fence, Ordering::*};
 
 use super::Sighting;
@@ -81,7 +81,7 @@ impl Shared {
                 continue;
             }
             match w.state.load(Relaxed) {
-                PARKED => parked = parked.or(Some(i)),
+                Worker::PARKED => parked = parked.or(Some(i)),
                 _ => return Some(i),
             }
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use crate::pool::shared::Shared;
-use crate::pool::worker::{park_until_woken, Worker, WorkerCx, PARKED, RUNNING};
+use crate::pool::worker::{park_until_woken, Worker, WorkerCx};
 use crate::sync::atomic::{fence, AtomicUsize, Ordering::*};
 use crate::sync::thread;
 
@@ -70,7 +70,7 @@ pub(crate) const WATCH_PARK_MAX: Duration = Duration::from_micros(1_600);
 /// loom, which has no clock, it yields instead: the timeout has passed.
 pub(crate) fn park_watching(me: &Worker, timeout: Duration) {
     #[cfg(not(loom))]
-    if me.state.load(SeqCst) == PARKED {
+    if me.state.load(SeqCst) == Worker::PARKED {
         thread::park_timeout(timeout);
     }
     #[cfg(loom)]
@@ -78,7 +78,9 @@ pub(crate) fn park_watching(me: &Worker, timeout: Duration) {
         let _ = timeout;
         thread::yield_now();
     }
-    let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
+    let _ = me
+        .state
+        .compare_exchange(Worker::PARKED, Worker::RUNNING, SeqCst, Relaxed);
 }
 
 impl Worker {

@@ -1,7 +1,7 @@
 //! Watch: look at another worker's step, and decide whether it is stuck.
 
 use crate::pool::shared::Shared;
-use crate::pool::worker::{Worker, WorkerCx, EXITED, PARKED, RUNNING};
+use crate::pool::worker::{Worker, WorkerCx};
 #[cfg(not(loom))]
 use crate::sync::atomic::AtomicU64;
 use crate::sync::atomic::{AtomicBool, Ordering::*};
@@ -62,7 +62,7 @@ impl Worker {
     /// Sightings race (relaxed, last writer wins): a lost one only delays
     /// the verdict, by at most one more watch.
     pub(crate) fn watch(&self, now: impl FnOnce() -> u32) -> Sighting {
-        if self.state.load(SeqCst) != RUNNING || self.watched.idle.load(SeqCst) {
+        if self.state.load(SeqCst) != Worker::RUNNING || self.watched.idle.load(SeqCst) {
             return Sighting::NotRunning;
         }
         #[cfg(loom)]
@@ -105,7 +105,7 @@ impl Worker {
     /// Whether it runs a step with work waiting behind it (its queue, or
     /// the rest of a port's inbox during a port's turn).
     pub(crate) fn busy_with_backlog(&self) -> bool {
-        self.state.load(Relaxed) == RUNNING && self.queued() > 0
+        self.state.load(Relaxed) == Worker::RUNNING && self.queued() > 0
     }
 
     /// Whether it runs, spins or has work queued: a step it runs or starts
@@ -113,7 +113,7 @@ impl Worker {
     /// see "Why no wake-up is lost" in `mod.rs`). A parked worker with nothing queued is
     /// woken by whoever queues it work, after that push.
     pub(crate) fn active(&self) -> bool {
-        !matches!(self.state.load(SeqCst), PARKED | EXITED)
+        !matches!(self.state.load(SeqCst), Worker::PARKED | Worker::EXITED)
             || !self.queue.is_empty()
             || self.local_len.load(Relaxed) != 0
     }
@@ -141,7 +141,7 @@ impl Shared {
     #[inline]
     pub(crate) fn now_us(&self) -> u32 {
         #[cfg(not(loom))]
-        return self.watch.epoch().elapsed().as_micros() as u32;
+        return self.slow_steps.epoch().elapsed().as_micros() as u32;
         #[cfg(loom)]
         0
     }

@@ -92,7 +92,7 @@ pub(crate) struct Envelope<M, O> {
 /// it holds a share of a unit (a follow-up, or a message that passed its
 /// unit on; see `receiver.rs`).
 ///
-/// 24 bytes: a delivery's size is paid on every message (inbox slots,
+/// 24 bytes: a delivery's size is paid on every message (inbox entries,
 /// mailbox queues), so the flag that the message passed its unit on lives
 /// in the position's top bit, and the unit is one word (see `UnitRef`).
 #[derive(Clone, Copy)]
@@ -153,7 +153,7 @@ impl Held {
 
 /// A message's metrics stamp: its acceptance time if the metrics sample it
 /// (zero-sized without the `metrics` feature). It travels beside the
-/// envelope (in the inbox slot's padding, then the mailbox queue), not in
+/// envelope (in the inbox entry's padding, then the mailbox queue), not in
 /// it: a bigger envelope makes every delivery bigger.
 pub(crate) type Stamp = crate::pool::metrics::Stamp;
 

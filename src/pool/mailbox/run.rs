@@ -52,7 +52,7 @@ where
     ) -> Step {
         // One branch when nothing is measured (no slow-step threshold, the
         // message not sampled): that copy has no step hooks at all.
-        if cx.watching() || stamp.sampled() {
+        if cx.times_steps() || stamp.sampled() {
             // SAFETY: our caller's contract.
             unsafe { Self::start_in::<true>(this, env, stamp, cx) }
         } else {

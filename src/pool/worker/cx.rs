@@ -44,26 +44,27 @@ pub(crate) struct WorkerCx<'a> {
     /// of the keys the turn's handlers send to first (see
     /// [`home_for_new_key`]).
     in_port: Cell<usize>,
-    /// This worker's side of the slow-step watch (see `observe.rs`).
-    pub(crate) steps: StepLocal,
+    /// This worker's side of the slow-step report (see `observe.rs`).
+    pub(crate) slow_steps: StepLocal,
     /// Counts not yet added to the metrics handles (zero-sized without the
     /// `metrics` feature).
     pub(crate) metrics: crate::pool::metrics::WorkerLocal,
-    /// The message whose handler runs now (see [`Running`]).
-    running: Cell<Running>,
+    /// The message whose handler runs now (see [`Handling`]).
+    handling: Cell<Handling>,
     /// The turns of keys without a mailbox that ran lately (see `turns.rs`).
     turns: RefCell<Turns>,
 }
 
-/// What a handler running on a worker holds that a message it sends may
-/// share (see `receiver.rs`, "Sending from a handler").
+/// The message whose handler a worker runs now, with the unit of credit
+/// a message it sends may share (see `receiver.rs`, "Sending from a
+/// handler").
 #[derive(Clone, Copy)]
-pub(crate) enum Running {
+pub(crate) enum Handling {
     /// No handler runs.
     Nothing,
     /// A handler runs for a message of `source` holding `unit`; `passed`:
     /// it already passed its unit on to a follow-up (once per message).
-    Held {
+    Message {
         unit: UnitRef,
         source: SourceRef,
         passed: bool,
@@ -81,9 +82,9 @@ impl<'a> WorkerCx<'a> {
             pending: Cell::new(None),
             ticks: Cell::new(0),
             in_port: Cell::new(NO_PORT),
-            steps: StepLocal::new(&shared.watch),
+            slow_steps: StepLocal::new(&shared.slow_steps),
             metrics: crate::pool::metrics::WorkerLocal::new(),
-            running: Cell::new(Running::Nothing),
+            handling: Cell::new(Handling::Nothing),
             turns: RefCell::new(Turns::new()),
         }
     }
@@ -129,8 +130,8 @@ impl<'a> WorkerCx<'a> {
         self.publish_len(self.local.len());
     }
 
-    /// A step begins on this worker (a task, or a message in a port's
-    /// slot): others see it making progress.
+    /// A step begins on this worker (a task, or a message run lent a
+    /// port's loaner): others see it making progress.
     #[inline]
     pub(crate) fn step(&self) {
         if !self.shared.config.work_conservation {
@@ -146,7 +147,7 @@ impl<'a> WorkerCx<'a> {
     /// earlier poll).
     #[inline]
     pub(crate) fn enter_handler(&self, source: SourceRef, unit: UnitRef, passed: bool) {
-        self.running.set(Running::Held {
+        self.handling.set(Handling::Message {
             unit,
             source,
             passed,
@@ -157,9 +158,9 @@ impl<'a> WorkerCx<'a> {
     /// it on) and whether it passed it on.
     #[inline]
     pub(crate) fn leave_handler(&self) -> (UnitRef, bool) {
-        match self.running.replace(Running::Nothing) {
-            Running::Held { unit, passed, .. } => (unit, passed),
-            Running::Nothing => unreachable!("leave_handler without enter_handler"),
+        match self.handling.replace(Handling::Nothing) {
+            Handling::Message { unit, passed, .. } => (unit, passed),
+            Handling::Nothing => unreachable!("leave_handler without enter_handler"),
         }
     }
 
@@ -351,7 +352,7 @@ fn with_any_cx<R>(f: impl FnOnce(&WorkerCx<'_>) -> R) -> Option<R> {
 /// call or a poll of its future).
 pub(crate) fn in_handler(shared_id: usize) -> bool {
     CURRENT.with(|c| c.get()) == shared_id
-        && with_any_cx(|cx| !matches!(cx.running.get(), Running::Nothing)).unwrap_or(false)
+        && with_any_cx(|cx| !matches!(cx.handling.get(), Handling::Nothing)).unwrap_or(false)
 }
 
 /// From a handler of the executor at `shared_id`: shares its message's
@@ -366,10 +367,10 @@ pub(crate) fn take_running_unit(shared_id: usize) -> Option<Option<UnitRef>> {
     if CURRENT.with(|c| c.get()) != shared_id {
         return None;
     }
-    with_any_cx(|cx| match cx.running.get() {
-        Running::Nothing => None,
-        Running::Held { passed: true, .. } => Some(None),
-        Running::Held { unit, source, .. } => {
+    with_any_cx(|cx| match cx.handling.get() {
+        Handling::Nothing => None,
+        Handling::Message { passed: true, .. } => Some(None),
+        Handling::Message { unit, source, .. } => {
             if unit == UnitRef::plain(source) {
                 // From now on the message holds a share, like its follow-up.
                 source.pin();
@@ -377,7 +378,7 @@ pub(crate) fn take_running_unit(shared_id: usize) -> Option<Option<UnitRef>> {
             }
             // SAFETY: the running message holds `unit`.
             let (mine, theirs) = unsafe { unit.share() };
-            cx.running.set(Running::Held {
+            cx.handling.set(Handling::Message {
                 unit: mine,
                 source,
                 passed: true,
@@ -393,11 +394,11 @@ pub(crate) fn take_running_unit(shared_id: usize) -> Option<Option<UnitRef>> {
 /// its unit on again.
 pub(crate) fn give_back_running_unit(share: UnitRef) {
     let _ = with_any_cx(|cx| {
-        if let Running::Held { unit, source, .. } = cx.running.get() {
+        if let Handling::Message { unit, source, .. } = cx.handling.get() {
             // SAFETY: the refused message held this share; the running
             // message still holds another.
             unsafe { share.unshare() };
-            cx.running.set(Running::Held {
+            cx.handling.set(Handling::Message {
                 unit,
                 source,
                 passed: false,

@@ -50,11 +50,6 @@ use crate::pool::task::Task;
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use crate::sync::{thread, Mutex, Queue, RunQueue, Thief};
 
-pub(crate) const RUNNING: u8 = 0;
-pub(crate) const SPINNING: u8 = 1;
-pub(crate) const PARKED: u8 = 2;
-pub(crate) const EXITED: u8 = 3;
-
 /// Counters a worker keeps about itself (relaxed; for stats only).
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -77,11 +72,11 @@ pub(crate) struct Worker {
     /// The run queue itself, until the worker's thread takes it.
     local: Mutex<Option<RunQueue<Task>>>,
     /// Steps the worker began (wrapping): a task taken, or a message its
-    /// port runs in the slot. Written by the worker only (relaxed), read by
+    /// port runs lent. Written by the worker only (relaxed), read by
     /// whoever wonders whether it is stuck.
     pub(crate) steps: CachePadded<AtomicU32>,
-    /// What others saw of `steps` (see [`Worker::watch`]) and calls for
-    /// help (see `Shared::call_idle`).
+    /// What watchers saw of `steps` (see [`Worker::watch`]) and calls (see
+    /// `Shared::call_idle`).
     pub(crate) watched: CachePadded<Watched>,
     /// Length of the worker's local run queue, plus one during a port's
     /// turn (the rest of its inbox is work queued on this worker too;
@@ -93,6 +88,15 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
+    /// Taking tasks from its queue (or about to); see "Worker state machine".
+    pub(crate) const RUNNING: u8 = 0;
+    /// Out of work, spinning or yielding; left by the worker only.
+    pub(crate) const SPINNING: u8 = 1;
+    /// Asleep; left by whoever wins `PARKED` → `RUNNING`.
+    pub(crate) const PARKED: u8 = 2;
+    /// Terminal, set by the worker as it leaves.
+    pub(crate) const EXITED: u8 = 3;
+
     pub(crate) fn new() -> Self {
         let local = RunQueue::new();
         Worker {
@@ -110,7 +114,7 @@ impl Worker {
             }),
             queue: Queue::new(),
             local_len: AtomicUsize::new(0),
-            state: CachePadded::new(AtomicU8::new(RUNNING)),
+            state: CachePadded::new(AtomicU8::new(Worker::RUNNING)),
             thread: Mutex::new(None),
             counters: CachePadded::new(Counters::default()),
         }
@@ -132,10 +136,10 @@ impl Worker {
     /// (a push, a stop) and a SeqCst fence.
     #[inline]
     pub(crate) fn wake_if_parked(&self) {
-        if self.state.load(SeqCst) == PARKED
+        if self.state.load(SeqCst) == Worker::PARKED
             && self
                 .state
-                .compare_exchange(PARKED, RUNNING, SeqCst, Relaxed)
+                .compare_exchange(Worker::PARKED, Worker::RUNNING, SeqCst, Relaxed)
                 .is_ok()
         {
             self.unpark();

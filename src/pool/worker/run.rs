@@ -8,7 +8,7 @@ use crate::sync::atomic::{fence, Ordering::*};
 use crate::sync::{spin_loop, thread, Arc};
 
 use super::cx::{WorkerCx, CURRENT, CX};
-use super::{Worker, EXITED, PARKED, RUNNING, SPINNING};
+use super::Worker;
 
 /// The worker thread's main loop.
 pub(crate) fn run(shared: Arc<Shared>, index: usize) {
@@ -71,12 +71,14 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // last mailbox, whose retirer wakes only workers it sees parked.
         cx.metrics.flush(&cx);
         shared.metrics.parking();
-        me.state.swap(PARKED, SeqCst);
+        me.state.swap(Worker::PARKED, SeqCst);
         fence(SeqCst);
         if me.has_news() || shared.state() != st || shared.should_exit(st) {
             // Cancel the park. If a waker already flipped us to RUNNING it
             // also unparked us: the stale token only costs a spurious wake.
-            let _ = me.state.compare_exchange(PARKED, RUNNING, SeqCst, Relaxed);
+            let _ = me
+                .state
+                .compare_exchange(Worker::PARKED, Worker::RUNNING, SeqCst, Relaxed);
             shared.metrics.unparked();
             continue;
         }
@@ -95,7 +97,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     while let Some(task) = cx.next_task() {
         task.cancel();
     }
-    me.state.store(EXITED, SeqCst);
+    me.state.store(Worker::EXITED, SeqCst);
     // Against a push from another worker (work conservation sends a task
     // home): it sees `EXITED` after its push and cancels the task itself,
     // or this look sees the task.
@@ -113,7 +115,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
 
 /// Sleeps until woken (a pusher or a stop moves `state` out of `PARKED`).
 pub(crate) fn park_until_woken(me: &Worker) {
-    while me.state.load(SeqCst) == PARKED {
+    while me.state.load(SeqCst) == Worker::PARKED {
         thread::park();
     }
 }
@@ -125,7 +127,7 @@ pub(crate) fn park_until_woken(me: &Worker) {
 /// a device) may be the one that needs the core, and a spin that keeps it
 /// off only delays the work it waits for.
 fn spin_for_work(shared: &Shared, me: &Worker, spin: Duration, start: Instant, st: usize) -> bool {
-    me.state.store(SPINNING, SeqCst);
+    me.state.store(Worker::SPINNING, SeqCst);
     let mut found = false;
     let mut i: u32 = 0;
     loop {
@@ -146,7 +148,7 @@ fn spin_for_work(shared: &Shared, me: &Worker, spin: Duration, start: Instant, s
             spin_loop();
         }
     }
-    me.state.store(RUNNING, SeqCst);
+    me.state.store(Worker::RUNNING, SeqCst);
     found
 }
 
@@ -164,7 +166,7 @@ const YIELDS_BEFORE_PARK: u32 = 4;
 /// for, and cost a few system calls when none is runnable.
 #[cfg(not(loom))]
 fn yield_before_park(shared: &Shared, me: &Worker, st: usize) -> bool {
-    me.state.store(SPINNING, SeqCst);
+    me.state.store(Worker::SPINNING, SeqCst);
     let mut found = false;
     for _ in 0..YIELDS_BEFORE_PARK {
         thread::yield_now();
@@ -176,6 +178,6 @@ fn yield_before_park(shared: &Shared, me: &Worker, st: usize) -> bool {
             break;
         }
     }
-    me.state.store(RUNNING, SeqCst);
+    me.state.store(Worker::RUNNING, SeqCst);
     found
 }
