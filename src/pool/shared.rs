@@ -14,7 +14,7 @@ use crate::pool::source::{PinnedSource, SourceRef};
 use crate::pool::spawn::Spawned;
 use crate::pool::stats::{DispatcherStats, ExecutorStats, WorkerState, WorkerStats};
 use crate::pool::task::Task;
-use crate::pool::worker::{self, Worker};
+use crate::pool::worker::{Worker, WorkerCx};
 use crate::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{thread, Condvar, Mutex};
 use crate::trace;
@@ -166,7 +166,7 @@ impl Shared {
     /// local; the first such from a rotating start). A handler creating a
     /// mailbox prefers its own worker when that has nothing queued — or,
     /// if its port's turn was moved to this worker, the port's own worker
-    /// when that has nothing queued ([`worker::home_for_new_key`]): keys
+    /// when that has nothing queued (`WorkerCx::home_for_new_key`): keys
     /// that message each other then stay on one core (and deliver
     /// directly), instead of landing on another worker merely spinning
     /// for work.
@@ -175,7 +175,11 @@ impl Shared {
         if n == 1 {
             return 0;
         }
-        if let Some(me) = worker::home_for_new_key(self) {
+        if let Some(me) = WorkerCx::with_current(|cx| {
+            cx.is_of(self.id()).then(|| cx.home_for_new_key()).flatten()
+        })
+        .flatten()
+        {
             return me;
         }
         let start = self.next_worker.fetch_add(1, Relaxed) % n;

@@ -3,7 +3,7 @@
 
 use crate::pool::shared::Shared;
 use crate::pool::task::Task;
-use crate::pool::worker::{self, Worker};
+use crate::pool::worker::{Worker, WorkerCx};
 use crate::sync::atomic::{fence, Ordering::*};
 
 use super::Sighting;
@@ -40,7 +40,7 @@ impl Shared {
     /// push found, if it made one.
     #[cold]
     pub(crate) fn call_if_stuck(&self, worker: usize, seen: Option<Sighting>) {
-        if worker::current_index(self.id()) == Some(worker) {
+        if WorkerCx::with_current(|cx| cx.is_of(self.id()) && cx.index == worker) == Some(true) {
             // Queued behind the caller's own step (a handler woke a future
             // of its own worker): the step may go on for long.
             self.call_watcher(worker);
@@ -60,7 +60,7 @@ impl Shared {
     /// watch `worker` found (none if the task goes elsewhere).
     #[cold]
     pub(crate) fn push_target(&self, worker: usize) -> (usize, Option<Sighting>) {
-        if worker::current_index(self.id()) == Some(worker) {
+        if WorkerCx::with_current(|cx| cx.is_of(self.id()) && cx.index == worker) == Some(true) {
             return (worker, Some(Sighting::NotRunning));
         }
         match self.workers[worker].watch(|| self.now_us()) {

@@ -8,6 +8,7 @@ use crate::pool::mailbox::Envelope;
 use crate::pool::receiver::Batch;
 use crate::pool::source::Ended;
 use crate::pool::task::Task;
+use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::fence;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
@@ -91,8 +92,10 @@ where
     #[inline]
     pub(super) fn queue_port(this: &Arc<Self>, p: usize) {
         let mut task = Some(Task::tagged(this.clone(), p));
-        let _ = crate::pool::worker::with_worker_cx(this.shared.id(), p, |cx| {
-            cx.push_local(task.take().expect("taken once"));
+        let _ = WorkerCx::with_current(|cx| {
+            if cx.is_of(this.shared.id()) && cx.index == p {
+                cx.push_local(task.take().expect("taken once"));
+            }
         });
         match task {
             // To an idle worker instead if `p` is stuck.

@@ -258,165 +258,169 @@ impl<'a> WorkerCx<'a> {
 mod current {
     use std::cell::Cell;
     crate::sync::thread_local! {
-        /// The executor (its `Shared` address) whose worker this thread is, or 0.
-        pub(in crate::pool::worker) static CURRENT: Cell<usize> = Cell::new(0);
-        /// This worker thread's `WorkerCx` (it lives on the thread's stack for
-        /// as long as the worker runs), or null.
-        pub(in crate::pool::worker) static CX: Cell<*const ()> = Cell::new(std::ptr::null());
+        /// The executor (its `Shared` address) whose worker this thread is,
+        /// or 0. Set before the worker's start hook, cleared after its stop
+        /// hook.
+        pub(super) static CURRENT: Cell<usize> = Cell::new(0);
+        /// This worker thread's `WorkerCx` (it lives on the thread's stack
+        /// for as long as the worker runs), or null. Set after the start
+        /// hook, cleared after the stop hook, while `CURRENT` is set.
+        pub(super) static CX: Cell<*const ()> = Cell::new(std::ptr::null());
     }
 }
-pub(super) use current::{CURRENT, CX};
+use current::{CURRENT, CX};
 
-/// Where a handler running on a worker of the executor `shared`
-/// places a new key, if it has a preference: the worker its port's turn
-/// belongs to, when the turn was moved here (work conservation) and that
-/// worker has nothing queued — the keys a key messages first then share
-/// its home, not the worker that happened to run one turn of it (which
-/// would split a pair of keys that message each other across workers, a
-/// wake-up per message) — else the current worker, if it has nothing queued besides the task it
-/// is running (a port's turn counts as queued work for other threads, not
-/// for the handler running inside it).
-pub(crate) fn home_for_new_key(shared: &Shared) -> Option<usize> {
-    if CURRENT.with(|c| c.get()) != shared.id() {
-        return None;
+/// Marks the current thread as a worker of the executor at `shared_id`
+/// (0: no longer), before its start hook and after its stop hook.
+pub(super) fn mark_thread(shared_id: usize) {
+    CURRENT.with(|c| c.set(shared_id));
+}
+
+/// Whether the current thread is a worker of the executor at `shared_id`
+/// (its start and stop hooks included).
+pub(crate) fn on_worker_of(shared_id: usize) -> bool {
+    CURRENT.with(|c| c.get() == shared_id)
+}
+
+impl<'a> WorkerCx<'a> {
+    /// Makes this the current thread's context until
+    /// [`uninstall`](WorkerCx::uninstall), which must come before it drops.
+    pub(super) fn install(&self) {
+        CX.with(|c| c.set((self as *const WorkerCx<'a>).cast()));
     }
-    CX.with(|cx| {
-        let cx = cx.get().cast::<WorkerCx<'static>>();
-        if cx.is_null() {
-            return None;
-        }
-        // SAFETY: as in `with_worker_cx`.
-        let cx = unsafe { &*cx };
-        let home = cx.in_port.get();
+
+    /// The current thread's context is gone (before it drops).
+    pub(super) fn uninstall() {
+        CX.with(|c| c.set(std::ptr::null()));
+    }
+}
+
+impl WorkerCx<'_> {
+    /// The one way to the current thread's context: runs `f` with it if
+    /// this thread is a worker (of any executor; see
+    /// [`is_of`](Self::is_of)) and returns what `f` returns.
+    pub(crate) fn with_current<R>(f: impl FnOnce(&WorkerCx<'_>) -> R) -> Option<R> {
+        CX.with(|cx| {
+            let cx = cx.get().cast::<WorkerCx<'static>>();
+            // SAFETY: `CX` is set only on a worker thread, to its `WorkerCx`,
+            // which outlives every call made from that thread while it is
+            // set (`uninstall` comes before it drops). Only `Cell`/`RefCell`
+            // access follows, and no `RefCell` borrow is held while a
+            // handler runs.
+            (!cx.is_null()).then(|| f(unsafe { &*cx }))
+        })
+    }
+
+    /// Whether this is a worker of the executor at `shared_id`.
+    #[inline]
+    pub(crate) fn is_of(&self, shared_id: usize) -> bool {
+        self.shared.id() == shared_id
+    }
+
+    /// Where a handler running here places a new key, if it has a
+    /// preference: the worker its port's turn belongs to, when the turn was
+    /// stolen here and that worker has nothing queued — the keys a key
+    /// messages first then share its home, not the worker that happened to
+    /// run one turn of it (which would split a pair of keys that message
+    /// each other across workers, a wake-up per message) — else this
+    /// worker, if it has nothing queued besides the task it is running (a
+    /// port's turn counts as queued work for other threads, not for the
+    /// handler running inside it).
+    pub(crate) fn home_for_new_key(&self) -> Option<usize> {
+        let home = self.in_port.get();
+        let workers = &self.shared.workers;
         if home != NO_PORT
-            && home != cx.index
-            && home < shared.workers.len()
-            && shared.workers[home].queued() == 0
+            && home != self.index
+            && home < workers.len()
+            && workers[home].queued() == 0
         {
             return Some(home);
         }
-        (cx.local.is_empty() && cx.me().queue.is_empty()).then_some(cx.index)
-    })
-}
-
-/// Runs `f` with the current thread's `WorkerCx` if this thread is worker
-/// `index` of the executor at `shared_id` (a handler submitting to a key on
-/// its own worker).
-pub(crate) fn with_worker_cx<R>(
-    shared_id: usize,
-    index: usize,
-    f: impl FnOnce(&WorkerCx<'_>) -> R,
-) -> Option<R> {
-    if CURRENT.with(|c| c.get()) != shared_id {
-        return None;
+        (self.local.is_empty() && self.me().queue.is_empty()).then_some(self.index)
     }
-    CX.with(|cx| {
-        let cx = cx.get().cast::<WorkerCx<'static>>();
-        if cx.is_null() {
-            return None;
-        }
-        // SAFETY: as in `flush_held_credit`: set only on a worker thread to
-        // its live `WorkerCx`; only `Cell`/`RefCell` access follows, and no
-        // `RefCell` borrow is held while a handler runs.
-        let cx = unsafe { &*cx };
-        (cx.index == index).then(|| f(cx))
-    })
-}
 
-/// A submitter is about to wait for credit. If it runs on a worker (a handler
-/// submitting), give back the units that worker holds back first: they may
-/// be the very ones it waits for.
-pub(crate) fn flush_held_credit() {
-    CX.with(|cx| {
-        let cx = cx.get().cast::<WorkerCx<'static>>();
-        if !cx.is_null() {
-            // SAFETY: `CX` is set only on a worker thread, to its `WorkerCx`,
-            // which outlives every call made from that thread while it is set
-            // (it is cleared before the `WorkerCx` is dropped). `Cell`-only
-            // access: no borrow of it is live across a handler call.
-            unsafe { (*cx).flush_credit() };
-        }
-    });
-}
-
-/// Runs `f` with the current thread's `WorkerCx`, if it is a worker.
-fn with_any_cx<R>(f: impl FnOnce(&WorkerCx<'_>) -> R) -> Option<R> {
-    CX.with(|cx| {
-        let cx = cx.get().cast::<WorkerCx<'static>>();
-        // SAFETY: as in `flush_held_credit`.
-        (!cx.is_null()).then(|| f(unsafe { &*cx }))
-    })
-}
-
-/// Whether a handler of the executor at `shared_id` runs on this thread (its
-/// call or a poll of its future).
-pub(crate) fn in_handler(shared_id: usize) -> bool {
-    CURRENT.with(|c| c.get()) == shared_id
-        && with_any_cx(|cx| !matches!(cx.handling.get(), Handling::Nothing)).unwrap_or(false)
-}
-
-/// From a handler of the executor at `shared_id`: shares its message's
-/// unit with a message it sends (`Some(Some(unit))`: the follow-up's
-/// share), or says the message passed its unit on already (`Some(None)`).
-/// `None` outside a handler (or in one of another executor, whose stop
-/// would not count a unit it does not know).
-///
-/// A message whose unit becomes a share keeps its own source alive with a
-/// pin from then on: the share may be given back by the follow-up first.
-pub(crate) fn take_running_unit(shared_id: usize) -> Option<Option<UnitRef>> {
-    if CURRENT.with(|c| c.get()) != shared_id {
-        return None;
+    /// Whether a handler runs on this worker now (its call or a poll of
+    /// its future).
+    pub(crate) fn in_handler(&self) -> bool {
+        !matches!(self.handling.get(), Handling::Nothing)
     }
-    with_any_cx(|cx| match cx.handling.get() {
-        Handling::Nothing => None,
-        Handling::Message { passed: true, .. } => Some(None),
-        Handling::Message { unit, source, .. } => {
-            if unit == UnitRef::plain(source) {
-                // From now on the message holds a share, like its follow-up.
-                source.pin();
-                source.get().share_held();
+
+    /// From a running handler: shares its message's unit with a message
+    /// it sends (`Some(unit)`: the follow-up's share), or says the message
+    /// passed its unit on already (`None`). `None` outside a handler too.
+    ///
+    /// A message whose unit becomes a share keeps its own source alive
+    /// with a pin from then on: the share may be given back by the
+    /// follow-up first.
+    pub(crate) fn share_running_unit(&self) -> Option<Option<UnitRef>> {
+        match self.handling.get() {
+            Handling::Nothing => None,
+            Handling::Message { passed: true, .. } => Some(None),
+            Handling::Message { unit, source, .. } => {
+                if unit == UnitRef::plain(source) {
+                    // From now on the message holds a share, like its follow-up.
+                    source.pin();
+                    source.get().share_held();
+                }
+                // SAFETY: the running message holds `unit`.
+                let (mine, theirs) = unsafe { unit.share() };
+                self.handling.set(Handling::Message {
+                    unit: mine,
+                    source,
+                    passed: true,
+                });
+                Some(Some(theirs))
             }
-            // SAFETY: the running message holds `unit`.
-            let (mine, theirs) = unsafe { unit.share() };
-            cx.handling.set(Handling::Message {
-                unit: mine,
-                source,
-                passed: true,
-            });
-            Some(Some(theirs))
         }
-    })
-    .flatten()
-}
+    }
 
-/// A message given a share of the running handler's unit was not accepted
-/// after all: it gives the share back, and the running message may pass
-/// its unit on again.
-pub(crate) fn give_back_running_unit(share: UnitRef) {
-    let _ = with_any_cx(|cx| {
-        if let Handling::Message { unit, source, .. } = cx.handling.get() {
+    /// A message given a share of the running handler's unit was not
+    /// accepted after all: it gives the share back, and the running
+    /// message may pass its unit on again.
+    pub(crate) fn unshare_running_unit(&self, share: UnitRef) {
+        if let Handling::Message { unit, source, .. } = self.handling.get() {
             // SAFETY: the refused message held this share; the running
             // message still holds another.
             unsafe { share.unshare() };
-            cx.handling.set(Handling::Message {
+            self.handling.set(Handling::Message {
                 unit,
                 source,
                 passed: false,
             });
         }
-    });
-}
-
-/// Whether the current thread is a worker of the executor at `shared_id`.
-pub(crate) fn on_worker_of(shared_id: usize) -> bool {
-    CURRENT.with(|c| c.get() == shared_id)
-}
-
-/// The index of the worker the current thread is, if it is one of the
-/// executor at `shared_id`'s.
-pub(crate) fn current_index(shared_id: usize) -> Option<usize> {
-    if CURRENT.with(|c| c.get()) != shared_id {
-        return None;
     }
-    with_any_cx(|cx| cx.index)
+}
+
+// What `receiver.rs` and `batch.rs` ask of the current worker, by name.
+
+/// A submitter is about to wait for credit. If it runs on a worker (a
+/// handler submitting), give back the units that worker holds back first:
+/// they may be the very ones it waits for.
+pub(crate) fn flush_held_credit() {
+    let _ = WorkerCx::with_current(|cx| cx.flush_credit());
+}
+
+/// Whether a handler of the executor at `shared_id` runs on this thread
+/// (its call or a poll of its future).
+pub(crate) fn in_handler(shared_id: usize) -> bool {
+    WorkerCx::with_current(|cx| cx.is_of(shared_id) && cx.in_handler()).unwrap_or(false)
+}
+
+/// [`WorkerCx::share_running_unit`] on this thread, if it is a worker of
+/// the executor at `shared_id` (a handler of another executor, whose stop
+/// would not count a unit it does not know, shares nothing).
+pub(crate) fn take_running_unit(shared_id: usize) -> Option<Option<UnitRef>> {
+    WorkerCx::with_current(|cx| {
+        if cx.is_of(shared_id) {
+            cx.share_running_unit()
+        } else {
+            None
+        }
+    })
+    .flatten()
+}
+
+/// [`WorkerCx::unshare_running_unit`] on this thread, if it is a worker.
+pub(crate) fn give_back_running_unit(share: UnitRef) {
+    let _ = WorkerCx::with_current(|cx| cx.unshare_running_unit(share));
 }

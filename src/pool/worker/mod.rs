@@ -38,8 +38,8 @@ mod run;
 use crate::pool::conserve::Watched;
 
 pub(crate) use cx::{
-    current_index, flush_held_credit, give_back_running_unit, home_for_new_key, in_handler,
-    on_worker_of, take_running_unit, with_worker_cx, WorkerCx,
+    flush_held_credit, give_back_running_unit, in_handler, on_worker_of, take_running_unit,
+    WorkerCx,
 };
 pub(crate) use run::park_until_woken;
 pub(crate) use run::run;

@@ -7,14 +7,14 @@ use crate::pool::shared::Shared;
 use crate::sync::atomic::{fence, Ordering::*};
 use crate::sync::{spin_loop, thread, Arc};
 
-use super::cx::{WorkerCx, CURRENT, CX};
+use super::cx::{self, WorkerCx};
 use super::Worker;
 
 /// The worker thread's main loop.
 pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let me = &shared.workers[index];
     *me.thread.lock() = Some(thread::current());
-    CURRENT.with(|c| c.set(shared.id()));
+    cx::mark_thread(shared.id());
     if let Some(hook) = &shared.config.on_thread_start {
         hook();
     }
@@ -26,7 +26,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         .take()
         .expect("a worker's run queue is taken once");
     let cx = WorkerCx::new(&shared, index, local);
-    CX.with(|c| c.set((&cx as *const WorkerCx<'_>).cast()));
+    cx.install();
     // Allow a spin on the first idle period.
     let mut last_wait = Duration::ZERO;
     loop {
@@ -108,8 +108,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     if let Some(hook) = &shared.config.on_thread_stop {
         hook();
     }
-    CX.with(|c| c.set(std::ptr::null()));
-    CURRENT.with(|c| c.set(0));
+    WorkerCx::uninstall();
+    cx::mark_thread(0);
     shared.worker_exited();
 }
 
