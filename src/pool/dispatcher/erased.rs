@@ -3,8 +3,9 @@
 
 use std::hash::{BuildHasher, Hash};
 
+use crate::completion::{Outcome, Slot};
 use crate::pool::handler::Handler;
-use crate::pool::mailbox::Envelope;
+use crate::pool::mailbox::{Envelope, Held, Owner, Produces};
 use crate::pool::observe::Identity;
 #[cfg(not(loom))]
 use crate::pool::receiver::WeakCore;
@@ -17,7 +18,7 @@ use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
 
 use super::port::{Claim, STEAL_TAG};
-use super::DispatcherInner;
+use super::{DispatcherInner, MailboxRef};
 
 impl<K, M, H, S> Runnable for DispatcherInner<K, M, H, S>
 where
@@ -237,5 +238,62 @@ where
 
     fn clone_box(&self) -> Box<dyn WeakCore<K, M, H::Output>> {
         Box::new(WeakHandle(self.0.clone()))
+    }
+}
+
+impl<K, M, H: Handler<K, M>, S> Produces<K, M> for DispatcherInner<K, M, H, S> {
+    type Output = H::Output;
+    type Future = H::Future;
+}
+
+/// What a mailbox needs of its dispatcher (see `mailbox/mod.rs`).
+impl<K, M, H, S> Owner<K, M> for DispatcherInner<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    #[inline]
+    fn call(&self, key: &K, msg: M) -> H::Future {
+        self.handler.call(key, msg)
+    }
+
+    #[inline]
+    fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    #[inline]
+    fn ident(&self) -> &Identity {
+        &self.ident
+    }
+
+    #[inline]
+    fn finish(
+        &self,
+        key: &K,
+        reply: Option<Arc<Slot<H::Output, M>>>,
+        held: Held,
+        cx: Option<&WorkerCx<'_>>,
+        outcome: Outcome<H::Output, M>,
+    ) {
+        DispatcherInner::finish(self, key, reply, held, cx, outcome)
+    }
+
+    fn cancelled(&self, worker: usize) {
+        DispatcherInner::cancelled(self, worker)
+    }
+
+    fn reject(&self, key: &K, env: Envelope<M, H::Output>) {
+        DispatcherInner::reject(self, key, env)
+    }
+
+    fn hand_over(this: &Arc<Self>, key: &K, env: Envelope<M, H::Output>) {
+        DispatcherInner::hand_over(this, key, env)
+    }
+
+    fn drained(mailbox: &MailboxRef<K, M, H, S>, cx: &WorkerCx<'_>, spent: usize) -> bool {
+        DispatcherInner::drained(mailbox, cx, spent)
     }
 }

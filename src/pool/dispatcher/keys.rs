@@ -13,7 +13,7 @@ use crate::pool::worker::WorkerCx;
 use crate::sync::Arc;
 
 use super::port::Gate;
-use super::{DispatcherInner, MailboxRef};
+use super::{DispatcherInner, KeyMailbox, MailboxRef};
 
 pub(super) type Keys<K, M, H, S> =
     HashMap<Hashed<K>, MailboxRef<K, M, H, S>, BuildHasherDefault<PassThrough>>;
@@ -116,7 +116,7 @@ pub(super) const SPARES: usize = 32;
 /// The outcome of looking a delivery's key up in a port's map.
 pub(super) enum Lookup<K, M, H: Handler<K, M>, S> {
     /// The key has a mailbox (in the map); the key is handed back too.
-    Active(NonNull<Mailbox<K, M, H, S>>, K),
+    Active(NonNull<KeyMailbox<K, M, H, S>>, K),
     /// It has none: the key is handed back.
     Absent(K),
 }
@@ -126,7 +126,7 @@ pub(super) enum Lookup<K, M, H: Handler<K, M>, S> {
 #[inline]
 pub(super) fn mailbox_ptr<K, M, H: Handler<K, M>, S>(
     m: &MailboxRef<K, M, H, S>,
-) -> NonNull<Mailbox<K, M, H, S>> {
+) -> NonNull<KeyMailbox<K, M, H, S>> {
     // SAFETY: an `Arc`'s pointer is never null.
     unsafe { NonNull::new_unchecked(Arc::as_ptr(m).cast_mut()) }
 }
@@ -210,7 +210,7 @@ where
         cx: &WorkerCx<'_>,
         spent: usize,
     ) -> bool {
-        let this = &mailbox.dispatcher_ref();
+        let this = &mailbox.owner();
         let port = this.ports.made(mailbox.port());
         let mut gate = port.gate.lock();
         // SAFETY: we own the turn and hold the gate.

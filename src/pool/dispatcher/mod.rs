@@ -60,7 +60,9 @@ use route::{bucket_count, UNPLACED};
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
 type PanicHook<K> = Box<dyn Fn(&K, Panic) + Send + Sync + 'static>;
-pub(crate) type MailboxRef<K, M, H, S> = Arc<Mailbox<K, M, H, S>>;
+/// A mailbox of this dispatcher's keys.
+pub(crate) type KeyMailbox<K, M, H, S> = Mailbox<K, M, DispatcherInner<K, M, H, S>>;
+pub(crate) type MailboxRef<K, M, H, S> = Arc<KeyMailbox<K, M, H, S>>;
 
 /// The typed heart of a dispatcher. Mailboxes point back to it.
 ///

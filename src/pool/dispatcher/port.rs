@@ -62,12 +62,12 @@ use crossbeam_utils::CachePadded;
 
 use crate::pool::handler::Handler;
 use crate::pool::inbox::Inbox;
-use crate::pool::mailbox::{Envelope, Mailbox, Stamp};
+use crate::pool::mailbox::{Envelope, Stamp};
 use crate::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 use crate::sync::SpinLock;
 
 use super::keys::Keys;
-use super::MailboxRef;
+use super::{KeyMailbox, MailboxRef};
 
 pub(super) type PaddedPort<K, M, H, S> = CachePadded<Port<K, M, H, S>>;
 
@@ -380,7 +380,7 @@ pub(super) struct Gate<K, M, H: Handler<K, M>, S> {
 /// The loaner out running: a pointer, not a reference count (that would cost two
 /// atomic operations a message); the runner holds the `Arc` while it is
 /// set, and clears it under the gate before it lets the loaner go.
-pub(super) struct Lent<K, M, H: Handler<K, M>, S>(pub(super) NonNull<Mailbox<K, M, H, S>>);
+pub(super) struct Lent<K, M, H: Handler<K, M>, S>(pub(super) NonNull<KeyMailbox<K, M, H, S>>);
 
 impl<K, M, H: Handler<K, M>, S> Clone for Lent<K, M, H, S> {
     fn clone(&self) -> Self {

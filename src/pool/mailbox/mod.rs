@@ -61,9 +61,10 @@
 use std::collections::VecDeque;
 use std::hash::Hash;
 
+use crate::completion::Outcome;
 use crate::completion::Slot;
-use crate::pool::dispatcher::DispatcherInner;
-use crate::pool::handler::Handler;
+use crate::pool::observe::Identity;
+use crate::pool::shared::Shared;
 use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::Wake;
@@ -76,6 +77,46 @@ mod state;
 
 pub(crate) use state::StopClaim;
 use state::{AfterPending, Claim, ForceClaim, MailboxState, Woken};
+
+/// What the messages of a mailbox's owner are: the types a mailbox stores.
+pub(crate) trait Produces<K, M> {
+    /// What a message produces (the handler's output).
+    type Output: Send + 'static;
+    /// The work of one message (the handler's future).
+    type Future: std::future::Future<Output = Self::Output> + Send + 'static;
+}
+
+/// What a mailbox needs of its owner, the dispatcher whose port it belongs
+/// to: declared here and implemented by the dispatcher
+/// (`dispatcher/erased.rs`), so that the mailbox knows no dispatcher type.
+pub(crate) trait Owner<K, M>: Produces<K, M> + Send + Sync + Sized + 'static {
+    /// Calls the handler: starts the work of `msg` for `key`.
+    fn call(&self, key: &K, msg: M) -> Self::Future;
+    /// The executor's state.
+    fn shared(&self) -> &Arc<Shared>;
+    /// The owner's name and metrics handles.
+    fn ident(&self) -> &Identity;
+    /// Delivers a finished message's outcome, records it at its position
+    /// and returns its credit.
+    fn finish(
+        &self,
+        key: &K,
+        reply: Option<Arc<Slot<Self::Output, M>>>,
+        held: Held,
+        cx: Option<&WorkerCx<'_>>,
+        outcome: Outcome<Self::Output, M>,
+    );
+    /// Counts a suspended message cancelled on worker `worker`.
+    fn cancelled(&self, worker: usize);
+    /// Hands a queued message back (force stop).
+    fn reject(&self, key: &K, env: Envelope<M, Self::Output>);
+    /// A message of a stopped source met by a runner: hand it back.
+    fn hand_over(this: &Arc<Self>, key: &K, env: Envelope<M, Self::Output>);
+    /// The runner found `mailbox`'s queue empty after `spent` messages:
+    /// under its port's gate, the mailbox leaves the map if it still is
+    /// (`true`), or goes on (`false`).
+    fn drained(mailbox: &Arc<Mailbox<K, M, Self>>, cx: &WorkerCx<'_>, spent: usize) -> bool;
+}
 
 /// One accepted message on its way through a mailbox.
 pub(crate) struct Envelope<M, O> {
@@ -178,25 +219,25 @@ pub(crate) enum Step {
 }
 
 // `repr(C)`, hot fields first: a message that completes in its first poll
-// touches `state`, `dispatcher`, `key` and `future`, which share the first
+// touches `state`, `owner`, `key` and `future`, which share the first
 // cache line with the `Arc`'s counts (for small keys and futures); the
 // queue and a suspended message's `meta` follow.
 #[repr(C)]
-pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
+pub(crate) struct Mailbox<K, M, D: Produces<K, M>> {
     state: MailboxState,
-    dispatcher: Arc<DispatcherInner<K, M, H, S>>,
+    owner: Arc<D>,
     /// The key it serves (`None` while `FREE`). Written by the port under
     /// its gate while the mailbox is `FREE`; read by the runner, the gate
     /// holder and a force stop that claimed it.
     key: UnsafeCell<Option<K>>,
     /// The running message's future. Owned by whoever holds `RUNNING` (or
     /// claimed `SUSPENDED` → `CLOSED`); pinned in place until dropped.
-    future: UnsafeCell<Option<trace::Instrumented<H::Future>>>,
+    future: UnsafeCell<Option<trace::Instrumented<D::Future>>>,
     /// Where a suspended message's outcome goes (stored only when its
     /// future returns `Pending`; a message finished in its first poll keeps
     /// it on the stack).
-    meta: UnsafeCell<Option<Meta<H::Output, M>>>,
-    queue: SpinLock<VecDeque<Queued<M, H::Output>>>,
+    meta: UnsafeCell<Option<Meta<D::Output, M>>>,
+    queue: SpinLock<VecDeque<Queued<M, D::Output>>>,
     /// The key's hash (its submitter's); written with `key`.
     hash: UnsafeCell<u64>,
     /// The port whose map and spares it belongs to (for good). It runs on
@@ -209,37 +250,34 @@ pub(crate) struct Mailbox<K, M, H: Handler<K, M>, S> {
 // read-modify-writes and the port's gate); everything else is `Sync` on its
 // own. The future and messages move between threads, hence the `Send`
 // bounds.
-unsafe impl<K, M, H, S> Sync for Mailbox<K, M, H, S>
+unsafe impl<K, M, D> Sync for Mailbox<K, M, D>
 where
     K: Send + Sync,
     M: Send,
-    H: Handler<K, M>,
-    S: Send + Sync,
+    D: Produces<K, M> + Send + Sync,
 {
 }
 
 // SAFETY: as above: all fields are `Send` under these bounds.
-unsafe impl<K, M, H, S> Send for Mailbox<K, M, H, S>
+unsafe impl<K, M, D> Send for Mailbox<K, M, D>
 where
     K: Send + Sync,
     M: Send,
-    H: Handler<K, M>,
-    S: Send + Sync,
+    D: Produces<K, M> + Send + Sync,
 {
 }
 
-impl<K, M, H, S> Mailbox<K, M, H, S>
+impl<K, M, D> Mailbox<K, M, D>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     M: Send + 'static,
-    H: Handler<K, M>,
-    S: std::hash::BuildHasher + Send + Sync + 'static,
+    D: Owner<K, M>,
 {
     /// A free mailbox of port `port`.
-    pub(crate) fn new(port: usize, dispatcher: Arc<DispatcherInner<K, M, H, S>>) -> Self {
+    pub(crate) fn new(port: usize, owner: Arc<D>) -> Self {
         Mailbox {
             state: MailboxState::new(),
-            dispatcher,
+            owner,
             key: UnsafeCell::new(None),
             future: UnsafeCell::new(None),
             meta: UnsafeCell::new(None),
@@ -270,7 +308,7 @@ where
         if home == cx.index {
             cx.requeue_local(Task::new(this));
         } else {
-            let shared = this.dispatcher.shared.clone();
+            let shared = this.owner.shared().clone();
             shared.schedule(home, Task::new(this));
         }
     }
@@ -337,14 +375,14 @@ where
     ///
     /// # Safety
     /// As for [`lend`](Self::lend).
-    pub(crate) unsafe fn schedule_with(&self, env: Envelope<M, H::Output>, stamp: Stamp) {
+    pub(crate) unsafe fn schedule_with(&self, env: Envelope<M, D::Output>, stamp: Stamp) {
         self.queue.lock().push_back((env, stamp));
         self.state.schedule_free();
     }
 
-    /// The dispatcher it belongs to.
-    pub(crate) fn dispatcher_ref(&self) -> &Arc<DispatcherInner<K, M, H, S>> {
-        &self.dispatcher
+    /// Its owner (the dispatcher whose port it belongs to).
+    pub(crate) fn owner(&self) -> &Arc<D> {
+        &self.owner
     }
 
     /// Closes it for good (a mailbox that cannot be used any more).
@@ -363,9 +401,9 @@ where
     #[inline]
     pub(crate) fn deliver(
         &self,
-        env: Envelope<M, H::Output>,
+        env: Envelope<M, D::Output>,
         stamp: Stamp,
-    ) -> Result<(), Envelope<M, H::Output>> {
+    ) -> Result<(), Envelope<M, D::Output>> {
         let mut q = self.queue.lock();
         if self.is_closed() {
             return Err(env);
@@ -380,7 +418,7 @@ where
     pub(crate) fn take_queued(
         &self,
         stopped: &dyn Fn(SourceRef) -> bool,
-    ) -> Vec<Envelope<M, H::Output>> {
+    ) -> Vec<Envelope<M, D::Output>> {
         let mut q = self.queue.lock();
         if !q.iter().any(|(e, _)| stopped(e.held.source)) {
             return Vec::new();
@@ -406,7 +444,7 @@ where
         for (env, _) in queued {
             // SAFETY: a mailbox in a map has a key, and nobody takes it
             // while the mailbox is out of the map and not free.
-            self.dispatcher.reject(unsafe { self.key() }, env);
+            self.owner.reject(unsafe { self.key() }, env);
         }
         // Claim the mailbox unless its worker is running it (that runner sees
         // FORCED and stops, or cancels its future, after the current step).
@@ -432,7 +470,7 @@ where
         match this.state.to_idle() {
             AfterPending::Suspended => {}
             AfterPending::Requeued => {
-                let shared = this.dispatcher.shared.clone();
+                let shared = this.owner.shared().clone();
                 shared.schedule(this.home(), Task::new(this.clone()));
             }
             AfterPending::Check => {
@@ -446,24 +484,23 @@ where
     /// on with the queue (or lets the mailbox go, if it is empty).
     pub(crate) fn resume_after_stop(this: Arc<Self>) {
         this.state.reschedule();
-        let shared = this.dispatcher.shared.clone();
+        let shared = this.owner.shared().clone();
         shared.schedule(this.home(), Task::new(this));
     }
 }
 
-impl<K, M, H, S> Runnable for Mailbox<K, M, H, S>
+impl<K, M, D> Runnable for Mailbox<K, M, D>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     M: Send + 'static,
-    H: Handler<K, M>,
-    S: std::hash::BuildHasher + Send + Sync + 'static,
+    D: Owner<K, M>,
 {
     fn run(this: Arc<Self>, cx: &WorkerCx<'_>, _tag: usize) {
         if this.state.claim_scheduled(true) == Claim::Lost {
             return;
         }
 
-        let mut budget = this.dispatcher.shared.config.throughput;
+        let mut budget = this.owner.shared().config.throughput;
         // SAFETY: we own the turn.
         if this.has_current() && unsafe { this.current_is_stopped() } {
             // Woken, but its source is stopping: cancel instead of polling.
@@ -487,25 +524,24 @@ where
     }
 }
 
-impl<K, M, H, S> Wake for Mailbox<K, M, H, S>
+impl<K, M, D> Wake for Mailbox<K, M, D>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     M: Send + 'static,
-    H: Handler<K, M>,
-    S: std::hash::BuildHasher + Send + Sync + 'static,
+    D: Owner<K, M>,
 {
     fn wake(this: Arc<Self>) {
         if this.state.wake() == Woken::Push {
             let worker = this.home();
-            let shared = this.dispatcher.shared.clone();
+            let shared = this.owner.shared().clone();
             shared.schedule(worker, Task::new(this));
         }
     }
 
     fn wake_by_ref(this: &Arc<Self>) {
         if this.state.wake() == Woken::Push {
-            this.dispatcher
-                .shared
+            this.owner
+                .shared()
                 .schedule(this.home(), Task::new(this.clone()));
         }
     }

@@ -11,8 +11,6 @@ use std::task::{Context, Poll};
 use crate::completion::Outcome;
 use crate::error::{Panic, TaskError};
 use crate::pool::conserve::LONG_STEP_US;
-use crate::pool::dispatcher::DispatcherInner;
-use crate::pool::handler::Handler;
 use crate::pool::observe::StepToken;
 use crate::pool::waker::WakerRef;
 use crate::pool::worker::WorkerCx;
@@ -20,7 +18,7 @@ use crate::sync::Arc;
 use crate::trace;
 
 use super::state::{AfterPending, Claim};
-use super::{Envelope, Held, Mailbox, Meta, Stamp, Step};
+use super::{Envelope, Held, Mailbox, Meta, Owner, Stamp, Step};
 
 /// What the runner found when it asked for the next message.
 enum Next<M, O> {
@@ -32,12 +30,11 @@ enum Next<M, O> {
     Forced,
 }
 
-impl<K, M, H, S> Mailbox<K, M, H, S>
+impl<K, M, D> Mailbox<K, M, D>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     M: Send + 'static,
-    H: Handler<K, M>,
-    S: std::hash::BuildHasher + Send + Sync + 'static,
+    D: Owner<K, M>,
 {
     /// Starts `env`: calls the handler and polls the future once.
     ///
@@ -46,7 +43,7 @@ where
     /// future is stored.
     pub(crate) unsafe fn start(
         this: &Arc<Self>,
-        env: Envelope<M, H::Output>,
+        env: Envelope<M, D::Output>,
         stamp: Stamp,
         cx: &WorkerCx<'_>,
     ) -> Step {
@@ -68,7 +65,7 @@ where
     #[inline(always)]
     pub(super) unsafe fn start_in<const MEASURED: bool>(
         this: &Arc<Self>,
-        env: Envelope<M, H::Output>,
+        env: Envelope<M, D::Output>,
         stamp: Stamp,
         cx: &WorkerCx<'_>,
     ) -> Step {
@@ -78,12 +75,11 @@ where
             mut held,
         } = env;
         cx.before_start(held.unit.source());
-        let handler = &this.dispatcher.handler;
         // SAFETY: we own the turn, a key is set (caller's contract).
         let key = unsafe { this.key() };
         // SAFETY: as above.
         let hash = unsafe { this.hash() };
-        let ident = &this.dispatcher.ident;
+        let ident = &this.owner.ident();
         let step = if MEASURED {
             cx.step_begin(ident, hash, stamp.sampled())
         } else {
@@ -94,7 +90,7 @@ where
         cx.enter_handler(held.source, held.unit, held.passed());
         let called = catch_unwind(AssertUnwindSafe(|| {
             let _entered = span.enter();
-            handler.call(key, msg)
+            this.owner.call(key, msg)
         }));
         let outcome = match called {
             Ok(fut) => {
@@ -123,7 +119,7 @@ where
                 Err(TaskError::Panicked(Panic::new(payload)))
             }
         };
-        this.dispatcher.finish(key, reply, held, Some(cx), outcome);
+        this.owner.finish(key, reply, held, Some(cx), outcome);
         if MEASURED {
             let ended = cx.step_end(ident, hash, step);
             ident.metrics.polled(&run, step.started(), ended, true);
@@ -138,7 +134,7 @@ where
     /// The caller owns the mailbox's turn; a future and its `meta` are
     /// stored.
     pub(super) unsafe fn poll_current(this: &Arc<Self>, wcx: &WorkerCx<'_>) -> Step {
-        let ident = &this.dispatcher.ident;
+        let ident = &this.owner.ident();
         // SAFETY: we own the turn; a mailbox with a future has a key.
         let hash = unsafe { this.hash() };
         // SAFETY: we own the turn (caller's contract): `meta` is ours.
@@ -167,7 +163,7 @@ where
         // SAFETY: we own the turn.
         let mut meta = unsafe { this.meta.with_mut(|m| (*m).take()) }.expect("meta is stored");
         meta.held.set_unit((unit, passed));
-        this.dispatcher.finish(
+        this.owner.finish(
             // SAFETY: we own the turn; a mailbox with a future has a key.
             unsafe { this.key() },
             meta.reply,
@@ -196,7 +192,7 @@ where
     /// # Safety
     /// The caller owns the mailbox's turn and a future is stored.
     #[inline]
-    pub(super) unsafe fn poll_in_place(this: &Arc<Self>) -> Poll<Outcome<H::Output, M>> {
+    pub(super) unsafe fn poll_in_place(this: &Arc<Self>) -> Poll<Outcome<D::Output, M>> {
         let waker = WakerRef::new(this);
         let mut cx = Context::from_waker(&waker);
         let polled = this.future.with_mut(|f| {
@@ -223,7 +219,7 @@ where
     /// # Safety
     /// The caller owns the mailbox's turn.
     pub(super) unsafe fn drop_future(&self) {
-        if !std::mem::needs_drop::<trace::Instrumented<H::Future>>() {
+        if !std::mem::needs_drop::<trace::Instrumented<D::Future>>() {
             // SAFETY: the owner of the turn; nothing to drop (a ready future
             // that was polled, say).
             self.future.with_mut(|f| unsafe { ptr::write(f, None) });
@@ -262,8 +258,8 @@ where
         if let Some(meta) = meta {
             // SAFETY: caller's contract.
             unsafe { self.drop_future() };
-            self.dispatcher.cancelled(self.home());
-            self.dispatcher.finish(
+            self.owner.cancelled(self.home());
+            self.owner.finish(
                 // SAFETY: a mailbox with a future has a key.
                 unsafe { self.key() },
                 meta.reply,
@@ -276,9 +272,9 @@ where
 
     /// The rest of a turn (`RUNNING`, no future stored): up to `budget`
     /// more messages, then yield; or, with the queue dry, leave the map and
-    /// go `FREE` (see `DispatcherInner::drained`).
+    /// go `FREE` (see `Owner::drained`).
     pub(crate) fn turn(this: Arc<Self>, cx: &WorkerCx<'_>, mut budget: usize) {
-        let shared = &this.dispatcher.shared;
+        let shared = &this.owner.shared();
         let throughput = shared.config.throughput;
         // A stretch of the turn that ran `LONG_STEP_US` gives way before
         // the next message (see "Yield" in `conserve/mod.rs`):
@@ -298,7 +294,7 @@ where
                 // re-queue may go to another worker, which may have left
                 // at the end of a graceful stop).
                 let empty = this.queue.lock().is_empty();
-                if empty && DispatcherInner::drained(&this, cx, throughput) {
+                if empty && D::drained(&this, cx, throughput) {
                     return;
                 }
                 // Fairness: go behind the other mailboxes of this worker.
@@ -333,12 +329,12 @@ where
                 Next::Stopped(env) => {
                     // SAFETY: we own the turn; a key is set.
                     let key = unsafe { this.key() };
-                    DispatcherInner::hand_over(&this.dispatcher, key, env);
+                    D::hand_over(&this.owner, key, env);
                 }
                 Next::Empty => {
                     // Gone back to the port's spares (or closed), unless a
                     // message arrived meanwhile: then go on.
-                    if DispatcherInner::drained(&this, cx, throughput - budget) {
+                    if D::drained(&this, cx, throughput - budget) {
                         return;
                     }
                 }
@@ -382,11 +378,11 @@ where
         self.meta.with(|m| unsafe { (*m).is_some() })
     }
 
-    fn next(&self) -> Next<M, H::Output> {
+    fn next(&self) -> Next<M, D::Output> {
         let mut q = self.queue.lock();
         // Checked under the queue lock: a force stop sets FORCED before it
         // takes the queue, so after it took it nothing here starts.
-        if self.dispatcher.shared.is_forced() {
+        if self.owner.shared().is_forced() {
             return Next::Forced;
         }
         match q.pop_front() {
@@ -410,7 +406,7 @@ where
     /// `STOP_CHECK` and we look at the source ourselves, still owning the
     /// turn — never after, when the message (and its source) may be gone.
     pub(crate) fn after_pending(this: Arc<Self>, cx: &WorkerCx<'_>) {
-        if this.dispatcher.shared.is_forced() {
+        if this.owner.shared().is_forced() {
             // SAFETY: we still own the turn.
             unsafe { this.cancel_current() };
             this.state.close();
@@ -434,8 +430,7 @@ where
             AfterPending::Suspended => {
                 // A force stop that began before we suspended may have found
                 // us RUNNING and left us to cancel ourselves.
-                if this.dispatcher.shared.is_forced() && this.state.close_suspended() == Claim::Won
-                {
+                if this.owner.shared().is_forced() && this.state.close_suspended() == Claim::Won {
                     // SAFETY: the CAS made us the owner again.
                     unsafe { this.cancel_current() };
                 }
