@@ -27,6 +27,17 @@
 //! mailboxes run there. Its task carries the port's index (the task's
 //! tag), so that another worker can run it when an idle worker steals
 //! it (see `conserve/mod.rs`): for that turn only.
+//!
+//! # Decide under the gate, act outside
+//!
+//! The turn holds its gate only to decide: `decide` takes deliveries
+//! while each one needs nothing but the gate (a delivery into a key's
+//! mailbox), and returns an `Act` for the first that needs more — hand it
+//! back, fail it, run it lent the loaner, queue a new mailbox. The turn
+//! lets the gate go, acts, and takes the gate again. A lent step's result
+//! is decided the same way (`after_lent`: is the turn still ours, and
+//! what becomes of the loaner). User code (handlers, a key's `Drop`,
+//! hooks) never runs under the gate.
 
 use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -34,7 +45,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use crate::error::Panic;
 use crate::pool::handler::Handler;
 use crate::pool::inbox::Popped;
-use crate::pool::mailbox::{Mailbox, Step};
+use crate::pool::mailbox::{Envelope, Mailbox, Stamp, Step};
 use crate::pool::task::Task;
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::fence;
@@ -42,7 +53,7 @@ use crate::sync::atomic::Ordering::*;
 use crate::sync::{Arc, SpinGuard};
 
 use super::keys::{mailbox_ptr, Lookup};
-use super::port::{Delivery, Gate, Lent, Schedule};
+use super::port::{Delivery, Gate, Lent, Port, Schedule};
 use super::{DispatcherInner, MailboxRef};
 
 /// Deliveries a port's turn takes in a row before it lets its gate go
@@ -51,6 +62,76 @@ use super::{DispatcherInner, MailboxRef};
 /// it: each lock is a scheduling point, and the turn owns nothing at that
 /// moment that another thread could take.)
 pub(super) const GATE_HOLD: usize = 64;
+
+/// What a turn does with its gate let go, decided while it was held
+/// (see `DispatcherInner::decide` and `after_lent`).
+enum Act<K, M, H: Handler<K, M>, S> {
+    /// Nothing: the gate is let go for a moment (every `GATE_HOLD`
+    /// deliveries).
+    LetGo,
+    /// A delivery of a stopping source: hand it back.
+    HandOver(K, Envelope<M, H::Output>),
+    /// A delivery its (closed) mailbox refused: hand it back.
+    Reject(K, Envelope<M, H::Output>),
+    /// A delivery whose key's `Eq` panicked: fail it, then drop the key.
+    FailKeyed(K, Envelope<M, H::Output>, Panic),
+    /// A delivery whose new mailbox could not join the map (the key's
+    /// `Clone` or `Eq` panicked): fail it, then drop the key, contained.
+    FailNew(Option<K>, Envelope<M, H::Output>, Panic),
+    /// Run the delivery lent the loaner (assigned and lent already).
+    RunLent {
+        loaner: MailboxRef<K, M, H, S>,
+        env: Envelope<M, H::Output>,
+        stamp: Stamp,
+        hash: u64,
+        spent: u32,
+    },
+    /// A new mailbox with the delivery queued: to the back of the
+    /// worker's queue.
+    Queue(MailboxRef<K, M, H, S>),
+    /// A lent step finished: drop its key (user code).
+    DropKey(Option<K>),
+    /// A lent step is pending: suspend its loaner, now its key's mailbox
+    /// (or, the port closed, cancel it).
+    Suspend(MailboxRef<K, M, H, S>),
+    /// A lent step is pending but its key could not join the map.
+    Stray(MailboxRef<K, M, H, S>, Panic),
+    /// The turn was stolen during a lent step: go on as the key's mailbox
+    /// (`left`: what remains of its `throughput`).
+    Stolen {
+        loaner: MailboxRef<K, M, H, S>,
+        step: Step,
+        left: usize,
+    },
+    /// The turn is over; `more`: it stopped at its mark with deliveries
+    /// maybe left.
+    End { more: bool },
+}
+
+/// A lent step that came back, to decide on under the gate.
+struct Back<K, M, H: Handler<K, M>, S> {
+    loaner: MailboxRef<K, M, H, S>,
+    step: Step,
+    hash: u64,
+    spent: u32,
+}
+
+/// A turn's own bookkeeping.
+struct Turn {
+    /// The port (its worker's index).
+    p: usize,
+    /// The port's identity in the `Turns` tables.
+    port_id: usize,
+    /// The gate's epoch while the turn is ours.
+    epoch: u32,
+    /// The `throughput` of a key's turn.
+    throughput: u32,
+    /// Deliveries taken since the gate was last let go for `GATE_HOLD`.
+    held: usize,
+    /// The gate was let go for `GATE_HOLD` before the delivery that
+    /// counted it: take that one without counting again.
+    resumed: bool,
+}
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
@@ -105,7 +186,8 @@ where
     }
 
     /// The body of port `p`'s turn, owned while the gate's epoch is
-    /// `epoch`.
+    /// `epoch`: decide under the gate (`decide`, `after_lent`), act with it
+    /// let go, take it again, until the turn ends.
     pub(super) fn deliveries<'a>(
         this: &'a Arc<Self>,
         p: usize,
@@ -114,168 +196,79 @@ where
         cx: &WorkerCx<'_>,
     ) {
         let port = this.ports.made(p);
-        let throughput = this.shared.config.throughput as u32;
-        let port_id = port.id();
+        let mut turn = Turn {
+            p,
+            port_id: port.id(),
+            epoch,
+            throughput: this.shared.config.throughput as u32,
+            held: 0,
+            resumed: false,
+        };
+        // The lent step that just came back, to decide on under the gate.
+        let mut back: Option<Back<K, M, H, S>> = None;
         // Whether the turn stopped at its mark with deliveries maybe left.
-        let mut more = false;
-        let mut held = 0;
-        loop {
-            if port.state.is_closed() {
-                break;
-            }
-            held += 1;
-            if held > GATE_HOLD {
-                // Nothing is lent: the turn cannot be stolen meanwhile.
-                drop(gate);
-                gate = port.gate.lock();
-                held = 1;
-                if port.state.is_closed() {
-                    break;
-                }
-            }
-            // Deliveries a source stop took out of the inbox first: they
-            // were there before any the inbox still holds.
-            let next = match gate.deferred.pop_front() {
-                Some(d) => {
-                    if gate.deferred.is_empty() {
-                        port.state.set_deferred(false);
-                    }
-                    d
-                }
-                // SAFETY: we hold the gate: the only consumer.
-                None => match unsafe { port.inbox.pop_before(gate.until) } {
-                    Popped::Value(d, stamp) => (d, stamp),
-                    Popped::Past => {
-                        more = true;
-                        break;
-                    }
-                    Popped::Unwritten => break,
-                },
+        let more = loop {
+            let act = match back.take() {
+                Some(b) => Self::after_lent(this, port, &mut gate, &turn, b, cx),
+                None => None,
             };
-            let (Delivery { key, hash, env }, stamp) = next;
-            if env.held.source.get().is_stopped() {
-                // Its source is stopping: hand it back, do not start it.
-                drop(gate);
-                Self::hand_over(this, &key, env);
-                gate = port.gate.lock();
-                continue;
+            let act = match act {
+                Some(act) => act,
+                None => Self::decide(this, port, &mut gate, &mut turn, cx),
+            };
+            if let Act::End { more } = act {
+                break more;
             }
-            let key = match Self::lookup(&gate, hash, key) {
-                Ok(Lookup::Active(m, key)) => {
-                    // SAFETY: in the map, under the gate.
-                    if let Err(env) = unsafe { m.as_ref() }.deliver(env, stamp) {
-                        // Closed (a force stop under way, or a key whose
-                        // `Eq` failed it): handed back.
-                        drop(gate);
-                        this.reject(&key, env);
-                        gate = port.gate.lock();
-                    }
-                    continue;
-                }
-                Ok(Lookup::Absent(key)) => key,
-                Err((key, p)) => {
-                    drop(gate);
-                    this.fail_unkeyed(env, p);
+            drop(gate);
+            match act {
+                Act::End { .. } | Act::LetGo => {}
+                Act::HandOver(key, env) => Self::hand_over(this, &key, env),
+                Act::Reject(key, env) => this.reject(&key, env),
+                Act::FailKeyed(key, env, panic) => {
+                    this.fail_unkeyed(env, panic);
                     drop(key);
-                    gate = port.gate.lock();
-                    continue;
                 }
-            };
-            // The key has no mailbox: nothing of it waits or runs.
-            let spent = cx.turn_spent(port_id, hash);
-            if spent < throughput && !this.shared.is_forced() {
-                // Run it now, lent the port's loaner, with the gate released (a
-                // long handler must not hold up a stop, which takes it).
-                let loaner = match gate.loaner.take() {
-                    Some(loaner) => loaner,
-                    None => Self::spare(this, &mut gate, p),
-                };
-                // SAFETY: the loaner is free and we hold the gate.
-                unsafe {
-                    loaner.assign(key, hash);
-                    loaner.lend();
+                Act::FailNew(key, env, panic) => {
+                    this.fail_unkeyed(env, panic);
+                    let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
                 }
-                gate.lent = Some(Lent(mailbox_ptr(&loaner)));
-                drop(gate);
-                cx.step();
-                // SAFETY: the loaner is ours (`RUNNING`), with a key, no future.
-                let step = unsafe { Mailbox::start(&loaner, env, stamp, cx) };
-                gate = port.gate.lock();
-                if gate.epoch != epoch {
-                    // Stolen while the message ran: the turn is another
-                    // worker's, and the loaner its key's mailbox, in the map
-                    // (maybe with messages queued): go on as that mailbox.
-                    drop(gate);
+                Act::RunLent {
+                    loaner,
+                    env,
+                    stamp,
+                    hash,
+                    spent,
+                } => {
+                    cx.step();
+                    // SAFETY: the loaner is ours (`RUNNING`), with a key, no future.
+                    let step = unsafe { Mailbox::start(&loaner, env, stamp, cx) };
+                    back = Some(Back {
+                        loaner,
+                        step,
+                        hash,
+                        spent,
+                    });
+                }
+                Act::Queue(m) => cx.requeue_local(Task::new(m)),
+                Act::DropKey(key) => {
+                    let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+                }
+                Act::Suspend(loaner) => Mailbox::after_pending(loaner, cx),
+                Act::Stray(loaner, panic) => this.stray_pending(loaner, panic, cx),
+                Act::Stolen { loaner, step, left } => {
+                    // The turn is another worker's: go on as the key's
+                    // mailbox, and never touch the port's state again.
                     cx.port_turn(None);
                     match step {
-                        Step::Done => {
-                            let left = (throughput - spent - 1) as usize;
-                            Mailbox::turn(loaner, cx, left);
-                        }
+                        Step::Done => Mailbox::turn(loaner, cx, left),
                         Step::Pending => Mailbox::after_pending(loaner, cx),
                     }
                     return;
                 }
-                gate.lent = None;
-                match step {
-                    Step::Done => {
-                        cx.record_turn(port_id, hash, spent + 1);
-                        // SAFETY: ours, under the gate, finished.
-                        let key = unsafe { loaner.release(false) };
-                        match gate.loaner {
-                            None => gate.loaner = Some(loaner),
-                            Some(_) => gate.spares.push(loaner),
-                        }
-                        if std::mem::needs_drop::<K>() {
-                            drop(gate);
-                            let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
-                            gate = port.gate.lock();
-                        }
-                    }
-                    Step::Pending => {
-                        // The loaner becomes the key's mailbox. (After a force
-                        // stop emptied the port, the runner cancels it.)
-                        if !port.state.is_closed() {
-                            if let Err(p) = this.activate(&mut gate, &loaner) {
-                                drop(gate);
-                                this.stray_pending(loaner, p, cx);
-                                gate = port.gate.lock();
-                                continue;
-                            }
-                            crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
-                        }
-                        drop(gate);
-                        Mailbox::after_pending(loaner, cx);
-                        gate = port.gate.lock();
-                    }
-                }
-            } else {
-                // Its turn is spent (or a force stop began): it gets a
-                // mailbox with this message queued, at the back of the
-                // worker's queue, as a mailbox that used up its turn goes.
-                let m = Self::spare(this, &mut gate, p);
-                // SAFETY: free, under the gate.
-                unsafe { m.assign(key, hash) };
-                if let Err(p) = this.activate(&mut gate, &m) {
-                    // SAFETY: free, under the gate.
-                    let key = unsafe { m.take_key() };
-                    drop(gate);
-                    this.fail_unkeyed(env, p);
-                    let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
-                    gate = port.gate.lock();
-                    continue;
-                }
-                crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
-                // SAFETY: free, assigned, under the gate.
-                unsafe { m.schedule_with(env, stamp) };
-                drop(gate);
-                cx.requeue_local(Task::new(m));
-                gate = port.gate.lock();
             }
-        }
-        if more {
-            more = !port.inbox.is_empty() || !gate.deferred.is_empty();
-        }
+            gate = port.gate.lock();
+        };
+        let more = more && (!port.inbox.is_empty() || !gate.deferred.is_empty());
         drop(gate);
         cx.port_turn(None);
         if more {
@@ -307,6 +300,158 @@ where
         }
         if this.handles.load(Acquire) == 0 {
             this.maybe_deregister();
+        }
+    }
+
+    /// Under the gate: takes deliveries until one needs the gate let go,
+    /// and says what to do then. A delivery for a key with a mailbox joins
+    /// its queue here; every other one becomes an [`Act`].
+    fn decide(
+        this: &Arc<Self>,
+        port: &Port<K, M, H, S>,
+        gate: &mut SpinGuard<'_, Gate<K, M, H, S>>,
+        turn: &mut Turn,
+        cx: &WorkerCx<'_>,
+    ) -> Act<K, M, H, S> {
+        loop {
+            if port.state.is_closed() {
+                return Act::End { more: false };
+            }
+            if turn.resumed {
+                // The delivery the let-go was for, counted already.
+                turn.resumed = false;
+            } else {
+                turn.held += 1;
+                if turn.held > GATE_HOLD {
+                    // Nothing is lent: the turn cannot be stolen meanwhile.
+                    turn.held = 1;
+                    turn.resumed = true;
+                    return Act::LetGo;
+                }
+            }
+            // Deliveries a source stop took out of the inbox first: they
+            // were there before any the inbox still holds.
+            let next = match gate.deferred.pop_front() {
+                Some(d) => {
+                    if gate.deferred.is_empty() {
+                        port.state.set_deferred(false);
+                    }
+                    d
+                }
+                // SAFETY: we hold the gate: the only consumer.
+                None => match unsafe { port.inbox.pop_before(gate.until) } {
+                    Popped::Value(d, stamp) => (d, stamp),
+                    Popped::Past => return Act::End { more: true },
+                    Popped::Unwritten => return Act::End { more: false },
+                },
+            };
+            let (Delivery { key, hash, env }, stamp) = next;
+            if env.held.source.get().is_stopped() {
+                // Its source is stopping: hand it back, do not start it.
+                return Act::HandOver(key, env);
+            }
+            let key = match Self::lookup(gate, hash, key) {
+                Ok(Lookup::Active(m, key)) => {
+                    // SAFETY: in the map, under the gate.
+                    if let Err(env) = unsafe { m.as_ref() }.deliver(env, stamp) {
+                        // Closed (a force stop under way, or a key whose
+                        // `Eq` failed it): handed back.
+                        return Act::Reject(key, env);
+                    }
+                    continue;
+                }
+                Ok(Lookup::Absent(key)) => key,
+                Err((key, panic)) => return Act::FailKeyed(key, env, panic),
+            };
+            // The key has no mailbox: nothing of it waits or runs.
+            let spent = cx.turn_spent(turn.port_id, hash);
+            if spent < turn.throughput && !this.shared.is_forced() {
+                // Run it now, lent the port's loaner, with the gate released
+                // (a long handler must not hold up a stop, which takes it).
+                let loaner = match gate.loaner.take() {
+                    Some(loaner) => loaner,
+                    None => Self::spare(this, gate, turn.p),
+                };
+                // SAFETY: the loaner is free and we hold the gate.
+                unsafe {
+                    loaner.assign(key, hash);
+                    loaner.lend();
+                }
+                gate.lent = Some(Lent(mailbox_ptr(&loaner)));
+                return Act::RunLent {
+                    loaner,
+                    env,
+                    stamp,
+                    hash,
+                    spent,
+                };
+            }
+            // Its turn is spent (or a force stop began): it gets a mailbox
+            // with this message queued, at the back of the worker's queue,
+            // as a mailbox that used up its turn goes.
+            let m = Self::spare(this, gate, turn.p);
+            // SAFETY: free, under the gate.
+            unsafe { m.assign(key, hash) };
+            if let Err(panic) = this.activate(gate, &m) {
+                // SAFETY: free, under the gate.
+                let key = unsafe { m.take_key() };
+                return Act::FailNew(key, env, panic);
+            }
+            crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
+            // SAFETY: free, assigned, under the gate.
+            unsafe { m.schedule_with(env, stamp) };
+            return Act::Queue(m);
+        }
+    }
+
+    /// Under the gate again after a lent step: whether the turn is still
+    /// ours, and what becomes of the loaner. `None`: nothing to do with the
+    /// gate let go; go on with the next delivery.
+    fn after_lent(
+        this: &Arc<Self>,
+        port: &Port<K, M, H, S>,
+        gate: &mut SpinGuard<'_, Gate<K, M, H, S>>,
+        turn: &Turn,
+        back: Back<K, M, H, S>,
+        cx: &WorkerCx<'_>,
+    ) -> Option<Act<K, M, H, S>> {
+        let Back {
+            loaner,
+            step,
+            hash,
+            spent,
+        } = back;
+        if gate.epoch != turn.epoch {
+            // Stolen while the message ran: the turn is another worker's,
+            // and the loaner its key's mailbox, in the map (maybe with
+            // messages queued).
+            let left = (turn.throughput - spent - 1) as usize;
+            return Some(Act::Stolen { loaner, step, left });
+        }
+        gate.lent = None;
+        match step {
+            Step::Done => {
+                cx.record_turn(turn.port_id, hash, spent + 1);
+                // SAFETY: ours, under the gate, finished.
+                let key = unsafe { loaner.release(false) };
+                match gate.loaner {
+                    None => gate.loaner = Some(loaner),
+                    Some(_) => gate.spares.push(loaner),
+                }
+                // The key's `Drop` is user code: out of the gate.
+                std::mem::needs_drop::<K>().then_some(Act::DropKey(key))
+            }
+            Step::Pending => {
+                // The loaner becomes the key's mailbox. (After a force stop
+                // emptied the port, the runner cancels it.)
+                if !port.state.is_closed() {
+                    if let Err(panic) = this.activate(gate, &loaner) {
+                        return Some(Act::Stray(loaner, panic));
+                    }
+                    crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
+                }
+                Some(Act::Suspend(loaner))
+            }
         }
     }
 
