@@ -18,6 +18,7 @@ use super::{DispatcherInner, KeyMailbox, MailboxRef};
 pub(super) type Keys<K, M, H, S> =
     HashMap<Hashed<K>, MailboxRef<K, M, H, S>, BuildHasherDefault<PassThrough>>;
 
+/// A key with the hash its submitter computed: the port's map never calls
 /// the user's `Hash` again (only `Eq`).
 pub(crate) struct Hashed<K> {
     pub(super) hash: u64,
@@ -284,5 +285,72 @@ where
             free += gate.spares.len() + usize::from(gate.loaner.is_some());
         }
         (live, free, all)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::collections::HashMap;
+    use std::hash::{BuildHasher, BuildHasherDefault};
+
+    use super::{Hashed, KeyProbe, PassThrough};
+
+    type Map = HashMap<Hashed<String>, u32, BuildHasherDefault<PassThrough>>;
+
+    fn insert(map: &mut Map, hash: u64, key: &str, v: u32) {
+        map.insert(
+            Hashed {
+                hash,
+                key: key.to_owned(),
+            },
+            v,
+        );
+    }
+
+    fn get(map: &Map, hash: u64, key: &str) -> Option<u32> {
+        let key = key.to_owned();
+        map.get(&(hash, &key) as &dyn KeyProbe<String>).copied()
+    }
+
+    #[test]
+    fn the_map_hashes_with_the_submitters_hash() {
+        let b = BuildHasherDefault::<PassThrough>::default();
+        let h = Hashed {
+            hash: 0xdead_beef,
+            key: "k".to_owned(),
+        };
+        assert_eq!(b.hash_one(&h), 0xdead_beef);
+        let probe: &dyn KeyProbe<String> = &h;
+        assert_eq!(b.hash_one(probe), 0xdead_beef);
+    }
+
+    #[test]
+    fn a_probe_finds_its_key_without_owning_one() {
+        let mut map = Map::default();
+        insert(&mut map, 1, "a", 10);
+        insert(&mut map, 2, "b", 20);
+        assert_eq!(get(&map, 1, "a"), Some(10));
+        assert_eq!(get(&map, 2, "b"), Some(20));
+        assert_eq!(get(&map, 3, "c"), None);
+        let key = "a".to_owned();
+        assert_eq!(
+            map.remove(&(1u64, &key) as &dyn KeyProbe<String>),
+            Some(10),
+            "retirement removes by probe"
+        );
+        assert_eq!(get(&map, 1, "a"), None);
+    }
+
+    #[test]
+    fn keys_that_share_a_hash_stay_apart() {
+        let mut map = Map::default();
+        insert(&mut map, 7, "x", 1);
+        insert(&mut map, 7, "y", 2);
+        assert_eq!(map.len(), 2);
+        assert_eq!(get(&map, 7, "x"), Some(1));
+        assert_eq!(get(&map, 7, "y"), Some(2));
+        // The same key under another hash is another entry: the hash is
+        // part of the identity (a key always comes with its own hash).
+        assert_eq!(get(&map, 8, "x"), None);
     }
 }
