@@ -127,7 +127,7 @@ struct Turn {
     /// The `throughput` of a key's turn.
     throughput: u32,
     /// Deliveries taken since the gate was last let go for `GATE_HOLD`.
-    held: usize,
+    taken: usize,
     /// The gate was let go for `GATE_HOLD` before the delivery that
     /// counted it: take that one without counting again.
     resumed: bool,
@@ -201,7 +201,7 @@ where
             port_id: port.id(),
             epoch,
             throughput: this.shared.config.throughput as u32,
-            held: 0,
+            taken: 0,
             resumed: false,
         };
         // The lent step that just came back, to decide on under the gate.
@@ -321,10 +321,10 @@ where
                 // The delivery the let-go was for, counted already.
                 turn.resumed = false;
             } else {
-                turn.held += 1;
-                if turn.held > GATE_HOLD {
+                turn.taken += 1;
+                if turn.taken > GATE_HOLD {
                     // Nothing is lent: the turn cannot be stolen meanwhile.
-                    turn.held = 1;
+                    turn.taken = 1;
                     turn.resumed = true;
                     return Act::LetGo;
                 }
