@@ -210,7 +210,7 @@ impl Builder {
     /// as they do outside loom (a watching park is a yield), so that the
     /// work queued behind a blocked step in a busy port is found, as
     /// outside loom, by the idle workers' watch (submitters never look at
-    /// a busy port's worker; see "Who watches" in `executor.rs`).
+    /// a busy port's worker; see "Why no wake-up is lost" in `conserve/mod.rs`).
     #[cfg(loom)]
     #[doc(hidden)]
     pub fn loom_watchers(mut self) -> Self {
@@ -400,7 +400,7 @@ pub(crate) struct Config {
 
 impl Config {
     /// Whether idle workers watch for stuck steps by themselves (park with
-    /// a timeout, or deep: "Who watches" in `executor.rs`). Always outside
+    /// a timeout, or deep: "Why no wake-up is lost" in `conserve/mod.rs`). Always outside
     /// loom. Under loom only when a model asks
     /// ([`Builder::loom_watchers`]), since a watching park is a loop there:
     /// the other models keep workers that park until woken (enough where

@@ -3,23 +3,23 @@
 //!
 //! # Algorithm
 //!
-//! A linked list of blocks of `CAP` slots ([`BLOCK_CAP`] by default), the
+//! A linked list of blocks of `CAP` entries ([`BLOCK_CAP`] by default), the
 //! classic segmented
 //! queue (as in crossbeam's `SegQueue`), specialised for a single consumer:
 //!
 //! - A producer claims the next index with one compare-exchange on the
-//!   shared `tail`, writes its slot and sets the slot's `ready` flag
+//!   shared `tail`, writes its entry and sets the entry's `ready` flag
 //!   (release). Indices run `0..CAP` within a block; the value
 //!   `CAP` is a marker meaning "the next block is being installed":
-//!   the producer that claims a block's last slot first links a new block
+//!   the producer that claims a block's last entry first links a new block
 //!   (`tail.block`, then the old block's `next`), then moves `tail` past
 //!   the marker. Producers that see the marker wait for that.
-//! - The consumer owns `head`: it reads a slot once its `ready` flag is set
-//!   (acquire), moves on, and frees a block once it has read its last slot
+//! - The consumer owns `head`: it reads an entry once its `ready` flag is set
+//!   (acquire), moves on, and frees a block once it has read its last entry
 //!   (every producer of that block has written it by then), or keeps it
 //!   as the one spare block. The producer that takes the spare for a new
-//!   block resets its slots' flags: the consumer only ever reads a block's
-//!   lines (see `new_block`). A slot claimed
+//!   block resets its entries' flags: the consumer only ever reads a block's
+//!   lines (see `new_block`). An entry claimed
 //!   but not yet written stops the consumer there, so the queue is FIFO in
 //!   claim order; [`pop`](Inbox::pop) then returns `None` and the producer,
 //!   which checks its port's state after its push (see `dispatcher.rs`),
@@ -37,35 +37,35 @@ use crossbeam_utils::CachePadded;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
 use crate::sync::{spin_loop, UnsafeCell};
 
-/// Slots per block (31: a block of small deliveries stays within a few
+/// Entries per block (31: a block of small deliveries stays within a few
 /// pages of the allocator's fast size classes).
 #[cfg(not(loom))]
 pub(crate) const BLOCK_CAP: usize = 31;
-/// Under loom four slots per block: the executor's models then rarely
+/// Under loom four entries per block: the executor's models then rarely
 /// cross a block boundary (each crossing multiplies their interleavings);
-/// this file's own loom model crosses them with two-slot blocks.
+/// this file's own loom model crosses them with two-entry blocks.
 #[cfg(loom)]
 pub(crate) const BLOCK_CAP: usize = 4;
 
-struct Slot<T> {
+struct Entry<T> {
     value: UnsafeCell<MaybeUninit<T>>,
     ready: AtomicBool,
     /// The value's metrics stamp, written with it: zero-sized without the
     /// `metrics` feature, else 4 bytes that sit in the padding after
-    /// `ready` (a slot is no larger with it).
+    /// `ready` (an entry is no larger with it).
     stamp: UnsafeCell<crate::pool::metrics::Stamp>,
 }
 
 struct Block<T, const CAP: usize> {
     next: AtomicPtr<Block<T, CAP>>,
-    slots: [Slot<T>; CAP],
+    entries: [Entry<T>; CAP],
 }
 
 impl<T, const CAP: usize> Block<T, CAP> {
     fn new() -> Box<Self> {
         Box::new(Block {
             next: AtomicPtr::new(ptr::null_mut()),
-            slots: std::array::from_fn(|_| Slot {
+            entries: std::array::from_fn(|_| Entry {
                 value: UnsafeCell::new(MaybeUninit::uninit()),
                 ready: AtomicBool::new(false),
                 stamp: UnsafeCell::new(crate::pool::metrics::Stamp::NONE),
@@ -99,7 +99,7 @@ pub(crate) enum Popped<T> {
 }
 
 /// See the module docs.
-/// `CAP` slots a block (see [`BLOCK_CAP`]).
+/// `CAP` entries a block (see [`BLOCK_CAP`]).
 // `pub` (in a private module) so that `loom-tests` can model it through
 // `keyed_executor::__loom` (cfg(loom) builds only).
 #[allow(unreachable_pub)]
@@ -126,7 +126,7 @@ impl<T, const CAP: usize> Default for Inbox<T, CAP> {
 }
 
 impl<T, const CAP: usize> Inbox<T, CAP> {
-    /// Index values per block: the slots and the "next block" marker.
+    /// Index values per block: the entries and the "next block" marker.
     const LAP: usize = CAP + 1;
 
     /// An empty inbox (one block).
@@ -152,8 +152,8 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
     /// gave it back: the consumer then only ever reads a block's lines, and
     /// the producer takes every line of the block it is about to write
     /// into its cache at once, here, instead of one cross-core transfer of
-    /// a line the consumer wrote for each slot it writes (each waited for
-    /// by the fence that follows a push; see BENCHMARKS.md).
+    /// a line the consumer wrote for each entry it writes (each waited for
+    /// by the fence that follows a push).
     fn new_block(&self) -> *mut Block<T, CAP> {
         let spare = self.spare.swap(ptr::null_mut(), Acquire);
         if spare.is_null() {
@@ -163,18 +163,18 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         // just took it from: it is ours, and it holds no value.
         unsafe {
             (*spare).next.store(ptr::null_mut(), Relaxed);
-            for slot in (*spare).slots.iter() {
-                slot.ready.store(false, Relaxed);
+            for entry in (*spare).entries.iter() {
+                entry.ready.store(false, Relaxed);
             }
         }
         spare
     }
 
-    /// Appends `value` (any thread). (The dispatcher pushes with
-    /// [`push_stamped`](Self::push_stamped); the loom models and the unit
-    /// tests push plain values.)
+    /// Appends `value` (any thread), unstamped: for the loom models and
+    /// the unit tests (the dispatcher pushes with
+    /// [`push_stamped`](Self::push_stamped)).
+    #[cfg(any(test, loom))]
     #[allow(unreachable_pub)]
-    #[cfg_attr(not(any(test, loom)), allow(dead_code))]
     #[inline]
     pub fn push(&self, value: T) {
         self.push_stamped(value, crate::pool::metrics::Stamp::NONE);
@@ -206,27 +206,27 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
             {
                 Ok(_) => {
                     if offset + 1 == CAP {
-                        // We took the block's last slot: link the next one
-                        // before our slot becomes readable, so the consumer
-                        // finds `next` set once it has read this slot.
+                        // We took the block's last entry: link the next one
+                        // before our entry becomes readable, so the consumer
+                        // finds `next` set once it has read this entry.
                         let next = spare.take().expect("allocated above");
                         self.tail.block.store(next, Release);
-                        // SAFETY: `block` is alive: its last slot (ours) is
+                        // SAFETY: `block` is alive: its last entry (ours) is
                         // not ready, so the consumer has not freed it.
                         unsafe { (*block).next.store(next, Release) };
-                        // Past the marker, to the first slot of `next`.
+                        // Past the marker, to the first entry of `next`.
                         self.tail.index.store(index + 2, Release);
                     }
-                    // SAFETY: we own this slot (claimed by the CAS); the
+                    // SAFETY: we own this entry (claimed by the CAS); the
                     // block is alive until the consumer has read it.
                     unsafe {
-                        let slot = &(*block).slots[offset];
-                        slot.value.with_mut(|p| (*p).write(value));
-                        slot.stamp.with_mut(|p| *p = stamp);
-                        slot.ready.store(true, Release);
+                        let entry = &(*block).entries[offset];
+                        entry.value.with_mut(|p| (*p).write(value));
+                        entry.stamp.with_mut(|p| *p = stamp);
+                        entry.ready.store(true, Release);
                     }
                     if let Some(unused) = spare {
-                        // Claimed a slot elsewhere after all.
+                        // Claimed an entry elsewhere after all.
                         self.recycle(unused);
                     }
                     return;
@@ -316,24 +316,24 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         // SAFETY: consumer-only cell (caller's contract).
         let block = self.head.block.with(|b| unsafe { *b });
         // SAFETY: the head block is alive until we free it below.
-        let slot = unsafe { &(*block).slots[offset] };
-        if !slot.ready.load(Acquire) {
+        let entry = unsafe { &(*block).entries[offset] };
+        if !entry.ready.load(Acquire) {
             return None;
         }
-        // SAFETY: the slot is ready (written, acquired) and read once.
-        let value = slot.value.with(|p| unsafe { (*p).assume_init_read() });
+        // SAFETY: the entry is ready (written, acquired) and read once.
+        let value = entry.value.with(|p| unsafe { (*p).assume_init_read() });
         // SAFETY: written before `ready`, as the value.
-        let stamp = slot.stamp.with(|p| unsafe { *p });
+        let stamp = entry.stamp.with(|p| unsafe { *p });
         if offset + 1 == CAP {
-            // SAFETY: the producer of this slot linked `next` before it
+            // SAFETY: the producer of this entry linked `next` before it
             // set `ready` (acquired above).
             let next = unsafe { (*block).next.load(Acquire) };
             debug_assert!(!next.is_null());
             // SAFETY: consumer-only cell.
             self.head.block.with_mut(|b| unsafe { *b = next });
             self.head.index.store(index + 2, Release);
-            // Every slot of `block` has been read and no producer touches a
-            // block after writing its slot: nobody can reach it.
+            // Every entry of `block` has been read and no producer touches a
+            // block after writing its entry: nobody can reach it.
             self.recycle(block);
         } else {
             self.head.index.store(index + 1, Release);
@@ -351,7 +351,7 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         // SAFETY: consumer-only cell (caller's contract).
         let block = self.head.block.with(|b| unsafe { *b });
         // SAFETY: the head block is alive while we are the consumer.
-        unsafe { (*block).slots[offset].ready.load(Acquire) }
+        unsafe { (*block).entries[offset].ready.load(Acquire) }
     }
 
     /// Whether no value has been pushed since the consumer last drained it
@@ -366,8 +366,8 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
     pub(crate) fn len(&self) -> usize {
         let head = self.head.index.load(Acquire);
         let tail = self.tail.index.load(Acquire);
-        let slots = |i: usize| i / Self::LAP * CAP + (i % Self::LAP).min(CAP);
-        slots(tail).saturating_sub(slots(head))
+        let entries = |i: usize| i / Self::LAP * CAP + (i % Self::LAP).min(CAP);
+        entries(tail).saturating_sub(entries(head))
     }
 }
 
@@ -392,10 +392,10 @@ mod tests {
     use std::sync::Arc;
 
     #[test]
-    fn the_metrics_stamp_costs_a_slot_no_space() {
-        // A delivery of 8-byte key and message is 40 bytes; its slot is 48
+    fn the_metrics_stamp_costs_an_entry_no_space() {
+        // A delivery of 8-byte key and message is 40 bytes; its entry is 48
         // with or without the `metrics` feature's stamp (in the padding).
-        assert_eq!(std::mem::size_of::<Slot<[u64; 5]>>(), 48);
+        assert_eq!(std::mem::size_of::<Entry<[u64; 5]>>(), 48);
     }
 
     #[test]
@@ -416,7 +416,7 @@ mod tests {
     #[test]
     fn pop_before_takes_only_what_was_claimed_before_the_mark() {
         let q: Inbox<usize> = Inbox::new();
-        // A block full: the mark stands at the next block's first slot.
+        // A block full: the mark stands at the next block's first entry.
         for i in 0..BLOCK_CAP {
             q.push(i);
         }

@@ -2,13 +2,16 @@
 //! each key's messages one at a time, in arrival order, through per-key
 //! mailboxes.
 //!
-//! The files, from the user's side inwards (`ARCHITECTURE.md` at the
-//! repository's root walks one message through them):
+//! The files and folders, from the user's side inwards (`ARCHITECTURE.md`
+//! at the repository's root walks one message through them):
 //!
 //! - `config.rs`: the executor's builder, defaults and validation.
-//! - `executor.rs`: the pool's handle and lifecycle (graceful and force stop).
+//! - `executor.rs`: `KeyedExecutor`, its start and its stops.
+//! - `shared.rs`: `Shared`, the state every part of the pool reaches.
 //! - `handler.rs`: what a dispatcher runs for a message, sync or async.
-//! - `dispatcher.rs`: one handler, its keys' pins and its per-worker inboxes.
+//! - `dispatcher/`: one handler, its keys' routes and its per-worker ports
+//!   (`mod.rs` the public `Dispatcher`; `route`, `submit`, `port`, `turn`,
+//!   `keys`, `outcome`, `stop`, `erased`, `hasher`).
 //! - `receiver.rs`: the sources that feed a dispatcher, with their credit.
 //! - `batch.rs`: a receiver's batched sends (`send_batch` and its forms).
 //! - `retry.rs`: retry policies: attempts, backoff, jitter, which failures
@@ -16,18 +19,26 @@
 //! - `source.rs`: a receiver's shared state: credit, positions, drains,
 //!   and whether it takes messages.
 //! - `commits.rs`: the commit point of a receiver that tracks commits.
-//! - `mailbox.rs`: one key's queue, its running future and its state machine.
-//! - `worker.rs`: a worker's queues and its spin-then-park loop.
+//! - `mailbox/`: one key's queue and running future (`mod.rs`), its state
+//!   word (`state.rs`) and its runner (`run.rs`).
+//! - `worker/`: a worker's queues and state (`mod.rs`), its context
+//!   (`cx.rs`) and its spin-then-park loop (`run.rs`).
+//! - `conserve/`: work conservation, the protocol that lets an idle worker
+//!   take work waiting behind a stuck one (`watch`, `call`, `steal`,
+//!   `park`).
 //! - `inbox.rs`: a port's multi-producer inbox.
 //! - `task.rs`: the type-erased handle a worker's queue holds.
 //! - `turns.rs`: a worker's record of the turns keys without a mailbox ran.
 //! - `waker.rs`: the crate's own waker over a mailbox (or spawned task).
 //! - `spawn.rs`: `futures_task::Spawn` for unkeyed futures.
+//! - `observe.rs`: names, the slow-step watch, metrics handles.
+//! - `metrics.rs`: the `metrics` feature's series.
 //! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
 
 pub(crate) mod batch;
 pub(crate) mod commits;
 pub(crate) mod config;
+pub(crate) mod conserve;
 pub(crate) mod dispatcher;
 pub(crate) mod executor;
 pub mod handler;
@@ -37,6 +48,7 @@ pub(crate) mod metrics;
 pub(crate) mod observe;
 pub(crate) mod receiver;
 pub(crate) mod retry;
+pub(crate) mod shared;
 pub(crate) mod source;
 pub(crate) mod spawn;
 pub(crate) mod stats;

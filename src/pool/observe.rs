@@ -1,5 +1,5 @@
 //! What the executor tells about itself beyond its counters: each
-//! dispatcher's name, and the watch on slow steps.
+//! dispatcher's name, and the report of slow steps.
 //!
 //! # Names
 //!
@@ -9,7 +9,7 @@
 //! feature). The name labels its metrics series, its tracing events and its
 //! entries in `stats()`.
 //!
-//! # The slow-step watch
+//! # Slow steps
 //!
 //! Only when `Builder::slow_step(threshold)` is set. A *step* is one call of
 //! a handler with the first poll of its future (and the delivery of its
@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 
 use crate::pool::dispatcher::StopTarget;
-use crate::pool::executor::Shared;
+use crate::pool::shared::Shared;
 use crate::pool::stats::CurrentStep;
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::{fence, AtomicU64, Ordering::*};
@@ -106,7 +106,7 @@ pub(crate) struct StepBoard {
 }
 
 /// A consistent read of a running step.
-struct Running {
+struct BoardStep {
     seq: u64,
     started: u64,
     dispatcher: u64,
@@ -114,7 +114,7 @@ struct Running {
 }
 
 impl StepBoard {
-    fn read(&self) -> Option<Running> {
+    fn read(&self) -> Option<BoardStep> {
         let seq = self.seq.load(Acquire);
         if seq & 1 == 0 {
             return None;
@@ -123,7 +123,7 @@ impl StepBoard {
         let dispatcher = self.dispatcher.load(Relaxed);
         let key_hash = self.key_hash.load(Relaxed);
         fence(Acquire);
-        (self.seq.load(Relaxed) == seq).then_some(Running {
+        (self.seq.load(Relaxed) == seq).then_some(BoardStep {
             seq,
             started,
             dispatcher,
@@ -137,20 +137,20 @@ impl StepBoard {
     }
 }
 
-/// The executor's side of the watch: the clock's epoch, the threshold and
+/// The executor's side of the slow-step report: the clock's epoch, the threshold and
 /// one board per worker (none without a threshold).
-pub(crate) struct Watch {
+pub(crate) struct SlowSteps {
     epoch: Instant,
-    /// The threshold in nanoseconds; 0 = no watch.
+    /// The threshold in nanoseconds; 0 = no report.
     threshold: u64,
     boards: Box<[CachePadded<StepBoard>]>,
 }
 
-impl Watch {
+impl SlowSteps {
     pub(crate) fn new(threshold: Option<Duration>, workers: usize) -> Self {
         let threshold = threshold.map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX));
         let boards = if threshold == 0 { 0 } else { workers };
-        Watch {
+        SlowSteps {
             epoch: Instant::now(),
             threshold,
             boards: (0..boards).map(|_| CachePadded::default()).collect(),
@@ -256,7 +256,8 @@ fn report(
     }
 }
 
-/// A worker's side of the watch (in its `WorkerCx`; only its thread).
+/// A worker's side of the slow-step report (in its `WorkerCx`; only its
+/// thread).
 pub(crate) struct StepLocal {
     /// A threshold is set.
     on: bool,
@@ -268,9 +269,9 @@ pub(crate) struct StepLocal {
 }
 
 impl StepLocal {
-    pub(crate) fn new(watch: &Watch) -> Self {
+    pub(crate) fn new(slow: &SlowSteps) -> Self {
         StepLocal {
-            on: watch.on(),
+            on: slow.on(),
             last: std::cell::Cell::new(0),
             seq: std::cell::Cell::new(0),
         }
@@ -297,36 +298,36 @@ impl StepToken {
 }
 
 impl WorkerCx<'_> {
-    /// Whether this worker watches its steps (a slow-step threshold is set).
+    /// Whether this worker times its steps (a slow-step threshold is set).
     #[inline]
-    pub(crate) fn watching(&self) -> bool {
-        self.steps.on
+    pub(crate) fn times_steps(&self) -> bool {
+        self.slow_steps.on
     }
 
     /// A step of `ident`'s handler for the key with `key_hash` begins.
     /// `timed`: the metrics want its start and end (a sampled message).
     #[inline]
     pub(crate) fn step_begin(&self, ident: &Identity, key_hash: u64, timed: bool) -> StepToken {
-        if !self.steps.on && !timed {
+        if !self.slow_steps.on && !timed {
             return StepToken { started: 0 };
         }
         self.step_begin_measured(ident, key_hash)
     }
 
     fn step_begin_measured(&self, ident: &Identity, key_hash: u64) -> StepToken {
-        let watch = &self.shared.watch;
-        if !self.steps.on {
+        let slow = &self.shared.slow_steps;
+        if !self.slow_steps.on {
             return StepToken {
-                started: watch.now(),
+                started: slow.now(),
             };
         }
-        let started = match self.steps.last.replace(0) {
-            0 => watch.now(),
+        let started = match self.slow_steps.last.replace(0) {
+            0 => slow.now(),
             t => t,
         };
-        let seq = self.steps.seq.get() + 1;
-        self.steps.seq.set(seq);
-        let board = &watch.boards[self.index];
+        let seq = self.slow_steps.seq.get() + 1;
+        self.slow_steps.seq.set(seq);
+        let board = &slow.boards[self.index];
         // Orders the previous step's `seq` store before the fields' stores
         // (see the module docs).
         fence(Release);
@@ -348,18 +349,18 @@ impl WorkerCx<'_> {
     }
 
     fn step_end_measured(&self, ident: &Identity, key_hash: u64, step: StepToken) -> u64 {
-        let watch = &self.shared.watch;
-        let now = watch.now();
-        if !self.steps.on {
+        let slow = &self.shared.slow_steps;
+        let now = slow.now();
+        if !self.slow_steps.on {
             return now;
         }
-        let seq = self.steps.seq.get();
-        let board = &watch.boards[self.index];
+        let seq = self.slow_steps.seq.get();
+        let board = &slow.boards[self.index];
         board.seq.store(seq + 1, Release);
-        self.steps.seq.set(seq + 1);
-        self.steps.last.set(now);
+        self.slow_steps.seq.set(seq + 1);
+        self.slow_steps.last.set(now);
         let ran = now.saturating_sub(step.started);
-        if ran > watch.threshold && board.claim(seq) {
+        if ran > slow.threshold && board.claim(seq) {
             report(self.shared, Some(ident), self.index, key_hash, ran, true);
         }
         now
@@ -369,8 +370,8 @@ impl WorkerCx<'_> {
     /// future): the next step reads the clock afresh.
     #[inline]
     pub(crate) fn step_break(&self) {
-        if self.steps.on {
-            self.steps.last.set(0);
+        if self.slow_steps.on {
+            self.slow_steps.last.set(0);
         }
     }
 
@@ -378,11 +379,11 @@ impl WorkerCx<'_> {
     /// clock afresh, and the other workers' overrunning steps are reported.
     #[inline]
     pub(crate) fn step_idle(&self, idle_since: Instant) {
-        if self.steps.on {
-            self.steps.last.set(0);
-            let watch = &self.shared.watch;
-            let now = (idle_since.saturating_duration_since(watch.epoch).as_nanos() as u64).max(1);
-            watch.check_others(self.shared, self.index, now);
+        if self.slow_steps.on {
+            self.slow_steps.last.set(0);
+            let slow = &self.shared.slow_steps;
+            let now = (idle_since.saturating_duration_since(slow.epoch).as_nanos() as u64).max(1);
+            slow.check_others(self.shared, self.index, now);
         }
     }
 }

@@ -67,7 +67,8 @@ use std::task::{Context, Poll};
 use futures_task::{FutureObj, Spawn, SpawnError};
 
 use crate::error::Panic;
-use crate::pool::executor::{KeyedExecutor, Shared};
+use crate::pool::executor::KeyedExecutor;
+use crate::pool::shared::Shared;
 use crate::pool::stats::SpawnedStats;
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::{Wake, WakerRef};
@@ -75,13 +76,6 @@ use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex, UnsafeCell};
 use crate::trace;
-
-const SCHEDULED: usize = 1;
-const RUNNING: usize = 2;
-const IDLE: usize = 3;
-const COMPLETE: usize = 4;
-const STATE_MASK: usize = 0b111;
-const NOTIFIED: usize = 0b1000;
 
 /// How a task ended.
 enum End {
@@ -154,7 +148,7 @@ impl Spawned {
         for task in taken.into_values() {
             if task
                 .state
-                .compare_exchange(IDLE, COMPLETE, SeqCst, SeqCst)
+                .compare_exchange(SpawnTask::IDLE, SpawnTask::COMPLETE, SeqCst, SeqCst)
                 .is_ok()
             {
                 // SAFETY: the CAS from IDLE made us the owner of the task.
@@ -187,7 +181,7 @@ pub(crate) fn spawn(
         let id = reg.next_id;
         reg.next_id += 1;
         let task = Arc::new(SpawnTask {
-            state: AtomicUsize::new(SCHEDULED),
+            state: AtomicUsize::new(SpawnTask::SCHEDULED),
             id,
             future: UnsafeCell::new(Some(future)),
             shared: shared.clone(),
@@ -218,6 +212,19 @@ unsafe impl Sync for SpawnTask {}
 unsafe impl Send for SpawnTask {}
 
 impl SpawnTask {
+    /// In exactly one worker queue; nobody polls it.
+    const SCHEDULED: usize = 1;
+    /// A worker polls it.
+    const RUNNING: usize = 2;
+    /// Its future is pending; only a waker moves it on.
+    const IDLE: usize = 3;
+    /// Terminal: finished, panicked or cancelled.
+    const COMPLETE: usize = 4;
+    /// The state bits.
+    const STATE_MASK: usize = 0b111;
+    /// With `SCHEDULED` or `RUNNING`: woken meanwhile; polled again.
+    const NOTIFIED: usize = 0b1000;
+
     /// Ends the task: drops its future (after marking it `COMPLETE`, so a wake
     /// from its `Drop` is ignored), counts, and leaves the registry.
     ///
@@ -227,7 +234,7 @@ impl SpawnTask {
     unsafe fn end(&self, end: End) {
         // SAFETY: caller's contract: nobody else touches the cell.
         let future = self.future.with_mut(|f| unsafe { (*f).take() });
-        self.state.store(COMPLETE, SeqCst);
+        self.state.store(SpawnTask::COMPLETE, SeqCst);
         // The future's `Drop` is user code: contain a panic there too.
         let _ = catch_unwind(AssertUnwindSafe(move || drop(future)));
         let spawned = &self.shared.spawned;
@@ -248,11 +255,11 @@ impl SpawnTask {
     fn transition_to_idle(&self) -> AfterPending {
         let mut cur = self.state.load(SeqCst);
         loop {
-            debug_assert_eq!(cur & STATE_MASK, RUNNING);
-            let (next, res) = if cur & NOTIFIED != 0 {
-                (SCHEDULED, AfterPending::Requeue)
+            debug_assert_eq!(cur & SpawnTask::STATE_MASK, SpawnTask::RUNNING);
+            let (next, res) = if cur & SpawnTask::NOTIFIED != 0 {
+                (SpawnTask::SCHEDULED, AfterPending::Requeue)
             } else {
-                (IDLE, AfterPending::Idle)
+                (SpawnTask::IDLE, AfterPending::Idle)
             };
             match self.state.compare_exchange(cur, next, SeqCst, SeqCst) {
                 Ok(_) => return res,
@@ -266,14 +273,14 @@ impl SpawnTask {
     fn transition_wake(&self) -> bool {
         let mut cur = self.state.load(SeqCst);
         loop {
-            let next = match cur & STATE_MASK {
-                IDLE => SCHEDULED,
-                RUNNING if cur & NOTIFIED == 0 => cur | NOTIFIED,
+            let next = match cur & SpawnTask::STATE_MASK {
+                SpawnTask::IDLE => SpawnTask::SCHEDULED,
+                SpawnTask::RUNNING if cur & SpawnTask::NOTIFIED == 0 => cur | SpawnTask::NOTIFIED,
                 // Already queued, already notified, or complete.
                 _ => return false,
             };
             match self.state.compare_exchange(cur, next, SeqCst, SeqCst) {
-                Ok(_) => return next == SCHEDULED,
+                Ok(_) => return next == SpawnTask::SCHEDULED,
                 Err(actual) => cur = actual,
             }
         }
@@ -291,7 +298,7 @@ impl SpawnTask {
                 if this.shared.is_forced()
                     && this
                         .state
-                        .compare_exchange(IDLE, COMPLETE, SeqCst, SeqCst)
+                        .compare_exchange(SpawnTask::IDLE, SpawnTask::COMPLETE, SeqCst, SeqCst)
                         .is_ok()
                 {
                     // SAFETY: the CAS from IDLE made us the owner again.
@@ -304,10 +311,10 @@ impl SpawnTask {
 
 impl Runnable for SpawnTask {
     fn run(this: Arc<Self>, cx: &WorkerCx<'_>, _tag: usize) {
-        let prev = this.state.swap(RUNNING, SeqCst);
+        let prev = this.state.swap(SpawnTask::RUNNING, SeqCst);
         debug_assert_eq!(
-            prev & STATE_MASK,
-            SCHEDULED,
+            prev & SpawnTask::STATE_MASK,
+            SpawnTask::SCHEDULED,
             "ran a task that was not scheduled"
         );
         if this.shared.is_forced() {
@@ -332,10 +339,10 @@ impl Runnable for SpawnTask {
     }
 
     fn cancel(this: Arc<Self>, _tag: usize) {
-        let prev = this.state.swap(RUNNING, SeqCst);
+        let prev = this.state.swap(SpawnTask::RUNNING, SeqCst);
         debug_assert_eq!(
-            prev & STATE_MASK,
-            SCHEDULED,
+            prev & SpawnTask::STATE_MASK,
+            SpawnTask::SCHEDULED,
             "cancelled a task that was not scheduled"
         );
         // SAFETY: it was SCHEDULED and we popped it: the turn is ours.

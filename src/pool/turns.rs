@@ -1,6 +1,6 @@
 //! What a worker remembers of the turns of keys without a mailbox.
 //!
-//! A key with nothing queued runs its message at once in its port's slot
+//! A key with nothing queued runs its message at once in lent its port's loaner
 //! (see `dispatcher.rs`); that message counts against the `throughput` of
 //! the key's turn, so a key whose messages keep arriving one at a time
 //! cannot run more than a turn's worth in a row while others wait. Its turn
@@ -14,19 +14,19 @@
 //! holds task `t`'s keys and the other one task `t - 1`'s, if that task
 //! wrote any. A record is keyed by the key's hash and its port (a worker
 //! serves the ports of many dispatchers). A port's turn records every key
-//! it runs in the slot and takes as many deliveries as its inbox held, so
+//! it runs lent and takes as many deliveries as its inbox held, so
 //! a table grows (doubling) to stay at most a quarter full — lookups stay
-//! exact and short — and goes back to [`SLOTS`] slots when it is emptied
+//! exact and short — and goes back to [`RECORDS`] records when it is emptied
 //! after a task that recorded few keys.
 //!
 //! The tables belong to the worker's thread (`WorkerCx`), not to a port:
 //! one pair per worker, whatever the number of dispatchers.
 
-/// Slots of an empty table (a power of two): 64 keys a task before it
+/// Records of an empty table (a power of two): 64 keys a task before it
 /// grows.
-const SLOTS: usize = 256;
+const RECORDS: usize = 256;
 
-const _: () = assert!(SLOTS.is_power_of_two());
+const _: () = assert!(RECORDS.is_power_of_two());
 
 /// See the module docs.
 pub(crate) struct Turns {
@@ -40,8 +40,8 @@ struct Table {
     generation: u32,
     /// Entries of this generation.
     len: usize,
-    /// A power of two, at least `SLOTS`.
-    slots: Box<[Record]>,
+    /// A power of two, at least `RECORDS`.
+    records: Box<[Record]>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -59,17 +59,17 @@ impl Table {
             tick: u32::MAX,
             generation: 1,
             len: 0,
-            slots: vec![Record::default(); SLOTS].into_boxed_slice(),
+            records: vec![Record::default(); RECORDS].into_boxed_slice(),
         }
     }
 
-    /// The slot of (`port`, `hash`), or the empty one it would go in.
+    /// The record of (`port`, `hash`), or the empty one it would go in.
     #[inline]
     fn find(&self, port: usize, hash: u64) -> (usize, bool) {
-        let mask = self.slots.len() - 1;
+        let mask = self.records.len() - 1;
         let mut at = (hash ^ port as u64) as usize & mask;
         loop {
-            let s = &self.slots[at];
+            let s = &self.records[at];
             if s.generation != self.generation {
                 return (at, false);
             }
@@ -83,7 +83,7 @@ impl Table {
     /// Empties the table: a new generation, and the small size again if
     /// the last task recorded few keys.
     fn clear(&mut self) {
-        if self.slots.len() > SLOTS && self.len <= SLOTS / 4 {
+        if self.records.len() > RECORDS && self.len <= RECORDS / 4 {
             *self = Table {
                 tick: self.tick,
                 ..Table::new()
@@ -93,9 +93,9 @@ impl Table {
         self.len = 0;
         self.generation = self.generation.wrapping_add(1);
         if self.generation == 0 {
-            // Wrapped: a slot last written 2^32 generations ago would look
+            // Wrapped: a record last written 2^32 generations ago would look
             // current. Clear them all, once in a long while.
-            self.slots.fill(Record::default());
+            self.records.fill(Record::default());
             self.generation = 1;
         }
     }
@@ -103,15 +103,15 @@ impl Table {
     /// Doubles the table, keeping this generation's entries.
     #[cold]
     fn grow(&mut self) {
-        let bigger = vec![Record::default(); self.slots.len() * 2].into_boxed_slice();
-        let old = std::mem::replace(&mut self.slots, bigger);
+        let bigger = vec![Record::default(); self.records.len() * 2].into_boxed_slice();
+        let old = std::mem::replace(&mut self.records, bigger);
         let generation = self.generation;
-        // The new slots are all of generation 0: empty unless it is 0,
+        // The new records are all of generation 0: empty unless it is 0,
         // which `clear` never leaves.
         debug_assert_ne!(generation, 0);
         for s in old.iter().filter(|s| s.generation == generation) {
             let (at, _) = self.find(s.port, s.hash);
-            self.slots[at] = *s;
+            self.records[at] = *s;
         }
     }
 }
@@ -131,7 +131,7 @@ impl Turns {
             let table = &self.tables[(t & 1) as usize];
             if table.tick == t {
                 if let (at, true) = table.find(port, hash) {
-                    return table.slots[at].spent;
+                    return table.records[at].spent;
                 }
             }
         }
@@ -149,13 +149,13 @@ impl Turns {
         }
         let (mut at, found) = table.find(port, hash);
         if !found {
-            if (table.len + 1) * 4 > table.slots.len() {
+            if (table.len + 1) * 4 > table.records.len() {
                 table.grow();
                 at = table.find(port, hash).0;
             }
             table.len += 1;
         }
-        table.slots[at] = Record {
+        table.records[at] = Record {
             hash,
             port,
             spent,
@@ -180,7 +180,7 @@ mod tests {
         for (i, h) in hashes(10_000).enumerate() {
             turns.record(1, h, (i % 4) as u32 + 1, 7);
         }
-        assert!(turns.tables[1].slots.len() >= 4 * 10_000);
+        assert!(turns.tables[1].records.len() >= 4 * 10_000);
         for (i, h) in hashes(10_000).enumerate() {
             assert_eq!(turns.spent(1, h, 7), (i % 4) as u32 + 1, "in its own task");
             assert_eq!(turns.spent(1, h, 8), (i % 4) as u32 + 1, "in the next task");
@@ -191,9 +191,9 @@ mod tests {
         // task after a small one empties it.
         turns.record(1, 1, 1, 9);
         assert_eq!(turns.spent(1, hashes(1).next().unwrap(), 9), 0);
-        assert!(turns.tables[1].slots.len() > SLOTS, "emptied, kept");
+        assert!(turns.tables[1].records.len() > RECORDS, "emptied, kept");
         turns.record(1, 1, 2, 11);
-        assert_eq!(turns.tables[1].slots.len(), SLOTS, "back to small");
+        assert_eq!(turns.tables[1].records.len(), RECORDS, "back to small");
         assert_eq!(turns.spent(1, 1, 11), 2);
         assert_eq!(turns.spent(1, 1, 12), 2);
         assert_eq!(turns.spent(1, 1, 13), 0);
@@ -210,13 +210,13 @@ mod tests {
     }
 
     #[test]
-    fn the_generation_wrapping_clears_every_slot() {
+    fn the_generation_wrapping_clears_every_record() {
         let mut turns = Turns::new();
         turns.record(1, 9, 4, 0);
         turns.tables[0].generation = u32::MAX;
-        turns.tables[0].slots[0].generation = u32::MAX;
+        turns.tables[0].records[0].generation = u32::MAX;
         // Task 2 writes table 0 again: the generation wraps to 0, and the
-        // table is cleared rather than letting generation-0 slots look live.
+        // table is cleared rather than letting generation-0 records look live.
         turns.record(1, 10, 1, 2);
         assert_eq!(turns.tables[0].generation, 1);
         assert_eq!(turns.spent(1, 9, 2), 0);

@@ -59,15 +59,6 @@ impl<W: Wake> VTableFor<W> {
     }
 }
 
-/// An owned waker holding one reference of `arc`.
-#[allow(dead_code)] // used by tests and the `Spawn` support
-pub(crate) fn waker<W: Wake>(arc: Arc<W>) -> Waker {
-    let raw = RawWaker::new(Arc::into_raw(arc).cast::<()>(), &VTableFor::<W>::VTABLE);
-    // SAFETY: the vtable functions uphold the `RawWaker` contract for
-    // pointers made by `Arc::<W>::into_raw`, which `raw` is.
-    unsafe { Waker::from_raw(raw) }
-}
-
 /// A borrowed waker: valid while the `Arc` it was made from is borrowed.
 pub(crate) struct WakerRef<'a> {
     waker: ManuallyDrop<Waker>,
@@ -100,7 +91,16 @@ impl Deref for WakerRef<'_> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An owned waker holding one reference of `arc`.
+    fn waker<W: Wake>(arc: Arc<W>) -> Waker {
+        let raw = RawWaker::new(Arc::into_raw(arc).cast::<()>(), &VTableFor::<W>::VTABLE);
+        // SAFETY: the vtable functions uphold the `RawWaker` contract for
+        // pointers made by `Arc::<W>::into_raw`, which `raw` is.
+        unsafe { Waker::from_raw(raw) }
+    }
 
     #[derive(Default)]
     struct Count(AtomicUsize);

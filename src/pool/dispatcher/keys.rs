@@ -1,0 +1,356 @@
+//! A port's key map: the mailboxes of its keys with work, found by the
+//! submitter's hash, and their retirement when they drain.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+
+use crate::error::Panic;
+use crate::pool::handler::Handler;
+use crate::pool::mailbox::Mailbox;
+use crate::pool::worker::WorkerCx;
+use crate::sync::Arc;
+
+use super::port::Gate;
+use super::{DispatcherInner, KeyMailbox, MailboxRef};
+
+pub(super) type Keys<K, M, H, S> =
+    HashMap<Hashed<K>, MailboxRef<K, M, H, S>, BuildHasherDefault<PassThrough>>;
+
+/// A key with the hash its submitter computed: the port's map never calls
+/// the user's `Hash` again (only `Eq`).
+pub(crate) struct Hashed<K> {
+    pub(super) hash: u64,
+    pub(super) key: K,
+}
+
+impl<K> Hash for Hashed<K> {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl<K: Eq> PartialEq for Hashed<K> {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.key == other.key
+    }
+}
+
+impl<K: Eq> Eq for Hashed<K> {}
+
+/// The hasher of a port's map: hands the submitter's hash through.
+#[derive(Default)]
+pub(crate) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (by `Hashed`); fold anything else in.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A borrowed (hash, key) to look a key up in a port's map without owning
+/// it (`Hashed<K>: Borrow<dyn KeyProbe<K>>`).
+pub(crate) trait KeyProbe<K> {
+    fn probe(&self) -> (u64, &K);
+}
+
+impl<K> KeyProbe<K> for Hashed<K> {
+    #[inline]
+    fn probe(&self) -> (u64, &K) {
+        (self.hash, &self.key)
+    }
+}
+
+impl<K> KeyProbe<K> for (u64, &K) {
+    #[inline]
+    fn probe(&self) -> (u64, &K) {
+        (self.0, self.1)
+    }
+}
+
+impl<'a, K: 'a> std::borrow::Borrow<dyn KeyProbe<K> + 'a> for Hashed<K> {
+    #[inline]
+    fn borrow(&self) -> &(dyn KeyProbe<K> + 'a) {
+        self
+    }
+}
+
+impl<K: Eq> PartialEq for dyn KeyProbe<K> + '_ {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        let ((h1, k1), (h2, k2)) = (self.probe(), other.probe());
+        h1 == h2 && k1 == k2
+    }
+}
+
+impl<K: Eq> Eq for dyn KeyProbe<K> + '_ {}
+
+impl<K> Hash for dyn KeyProbe<K> + '_ {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.probe().0);
+    }
+}
+
+/// Spare mailboxes a port keeps for keys that get one (a backlog, a
+/// suspended future) at least; it keeps up to as many as it has live
+/// mailboxes (see `drained`), and beyond that a released one is freed.
+pub(super) const SPARES: usize = 32;
+
+/// The outcome of looking a delivery's key up in a port's map.
+pub(super) enum Lookup<K, M, H: Handler<K, M>, S> {
+    /// The key has a mailbox (in the map); the key is handed back too.
+    Active(NonNull<KeyMailbox<K, M, H, S>>, K),
+    /// It has none: the key is handed back.
+    Absent(K),
+}
+
+/// A mailbox's pointer from its `Arc` (`Arc::as_ptr` keeps the provenance
+/// of the whole allocation, which `arc_clone_raw` needs).
+#[inline]
+pub(super) fn mailbox_ptr<K, M, H: Handler<K, M>, S>(
+    m: &MailboxRef<K, M, H, S>,
+) -> NonNull<KeyMailbox<K, M, H, S>> {
+    // SAFETY: an `Arc`'s pointer is never null.
+    unsafe { NonNull::new_unchecked(Arc::as_ptr(m).cast_mut()) }
+}
+
+impl<K, M, H, S> DispatcherInner<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    /// Looks a delivery's key up among the port's active mailboxes (the
+    /// gate held). `Err` if the key's `Eq` panicked (user code).
+    #[inline]
+    pub(super) fn lookup(
+        gate: &Gate<K, M, H, S>,
+        hash: u64,
+        key: K,
+    ) -> Result<Lookup<K, M, H, S>, (K, Panic)> {
+        if gate.active.is_empty() {
+            return Ok(Lookup::Absent(key));
+        }
+        let found = catch_unwind(AssertUnwindSafe(|| {
+            gate.active
+                .get(&(hash, &key) as &dyn KeyProbe<K>)
+                .map(|m| mailbox_ptr(m))
+        }));
+        match found {
+            Ok(Some(m)) => Ok(Lookup::Active(m, key)),
+            Ok(None) => Ok(Lookup::Absent(key)),
+            Err(payload) => Err((key, Panic::new(payload))),
+        }
+    }
+
+    /// A free mailbox for port `p`: a spare, or a new one.
+    pub(super) fn spare(
+        this: &Arc<Self>,
+        gate: &mut Gate<K, M, H, S>,
+        p: usize,
+    ) -> MailboxRef<K, M, H, S> {
+        gate.spares
+            .pop()
+            .unwrap_or_else(|| Arc::new(Mailbox::new(p, this.clone())))
+    }
+
+    /// Puts `mailbox` (assigned to its key, not yet in the map) into the
+    /// port's map. `Err` (the mailbox back) if the key's `Clone` or `Eq`
+    /// panicked.
+    pub(super) fn activate(
+        &self,
+        gate: &mut Gate<K, M, H, S>,
+        mailbox: &MailboxRef<K, M, H, S>,
+    ) -> Result<(), Panic> {
+        // SAFETY: under the gate, the mailbox is ours and has a key.
+        let (hash, key) = unsafe { (mailbox.hash(), mailbox.key()) };
+        let active = &mut gate.active;
+        let inserted = catch_unwind(AssertUnwindSafe(|| {
+            active.insert(
+                Hashed {
+                    hash,
+                    key: key.clone(),
+                },
+                mailbox.clone(),
+            )
+        }));
+        match inserted {
+            Ok(old) => {
+                debug_assert!(old.is_none(), "a key got a second mailbox");
+                Ok(())
+            }
+            Err(payload) => Err(Panic::new(payload)),
+        }
+    }
+
+    /// A mailbox's runner found its queue empty (see `Mailbox::turn`):
+    /// under the port's gate, if it still is, the mailbox leaves the map and
+    /// goes back to the port's spares (`None`); a message that arrived
+    /// meanwhile keeps it (`Some`, go on).
+    pub(crate) fn drained(
+        mailbox: &MailboxRef<K, M, H, S>,
+        cx: &WorkerCx<'_>,
+        spent: usize,
+    ) -> bool {
+        let this = &mailbox.owner();
+        let port = this.ports.made(mailbox.port());
+        let mut gate = port.gate.lock();
+        // SAFETY: we own the turn and hold the gate.
+        if !unsafe { mailbox.still_empty() } {
+            return false;
+        }
+        if port.state.is_closed() || this.shared.is_forced() {
+            // A force stop took (or takes) the map: it hands back the rest.
+            // SAFETY: as above.
+            let _ = unsafe { mailbox.release(true) };
+            return true;
+        }
+        // SAFETY: as above: a mailbox in the map has a key.
+        let hash = unsafe { mailbox.hash() };
+        let active = &mut gate.active;
+        // `Eq` is user code: if it panics, or is not reflexive, the
+        // mailbox stays in the map, closed; nothing is queued in it, and a
+        // delivery that finds it fails its message.
+        let removed = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: as above.
+            let key = unsafe { mailbox.key() };
+            active.remove(&(hash, key) as &dyn KeyProbe<K>).is_some()
+        }));
+        if !matches!(removed, Ok(true)) {
+            // SAFETY: as above.
+            let _ = unsafe { mailbox.release(true) };
+            return true;
+        }
+        crate::pool::metrics::mailboxes(cx, &this.ident.metrics, -1);
+        cx.record_turn(port.id(), hash, spent.min(u32::MAX as usize) as u32);
+        // SAFETY: as above: the queue is empty, no future is stored.
+        let key = unsafe { mailbox.release(false) };
+        // Keep as many spares as the port has live mailboxes, plus a
+        // quarter, plus `SPARES`: keys whose handlers suspend (async I/O)
+        // each hold a mailbox while they wait, and a fixed cap would make
+        // every such message pay an allocation and a free. The margin
+        // absorbs a burst of completions (a device finishing many futures
+        // at once), so that the next burst of new keys finds the mailboxes
+        // the last one freed. As the live ones drain, one excess spare goes
+        // per drain, so the spares follow them down; the last live one's
+        // drain keeps `SPARES` and lets the rest go.
+        let live = gate.active.len();
+        let keep = SPARES + live + live / 4;
+        let excess: Vec<MailboxRef<K, M, H, S>> = if live == 0 && gate.spares.len() > SPARES {
+            gate.spares.split_off(SPARES)
+        } else if gate.spares.len() < keep {
+            gate.spares.push(mailbox.clone());
+            Vec::new()
+        } else if gate.spares.len() > keep {
+            gate.spares.pop().into_iter().collect()
+        } else {
+            Vec::new()
+        };
+        drop(gate);
+        drop(excess);
+        // The key's `Drop` is user code, out of the gate.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+        this.maybe_deregister();
+        true
+    }
+
+    /// (keys with work in a mailbox, free mailboxes kept for reuse, map
+    /// entries plus loaners out running).
+    pub(super) fn count_mailboxes(&self) -> (usize, usize, usize) {
+        let (mut live, mut free, mut all) = (0, 0, 0);
+        for (_, port) in self.ports.iter() {
+            let gate = port.gate.lock();
+            let lent = usize::from(gate.lent.is_some());
+            all += gate.active.len() + lent;
+            live += gate.active.values().filter(|m| !m.is_closed()).count() + lent;
+            free += gate.spares.len() + usize::from(gate.loaner.is_some());
+        }
+        (live, free, all)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::collections::HashMap;
+    use std::hash::{BuildHasher, BuildHasherDefault};
+
+    use super::{Hashed, KeyProbe, PassThrough};
+
+    type Map = HashMap<Hashed<String>, u32, BuildHasherDefault<PassThrough>>;
+
+    fn insert(map: &mut Map, hash: u64, key: &str, v: u32) {
+        map.insert(
+            Hashed {
+                hash,
+                key: key.to_owned(),
+            },
+            v,
+        );
+    }
+
+    fn get(map: &Map, hash: u64, key: &str) -> Option<u32> {
+        let key = key.to_owned();
+        map.get(&(hash, &key) as &dyn KeyProbe<String>).copied()
+    }
+
+    #[test]
+    fn the_map_hashes_with_the_submitters_hash() {
+        let b = BuildHasherDefault::<PassThrough>::default();
+        let h = Hashed {
+            hash: 0xdead_beef,
+            key: "k".to_owned(),
+        };
+        assert_eq!(b.hash_one(&h), 0xdead_beef);
+        let probe: &dyn KeyProbe<String> = &h;
+        assert_eq!(b.hash_one(probe), 0xdead_beef);
+    }
+
+    #[test]
+    fn a_probe_finds_its_key_without_owning_one() {
+        let mut map = Map::default();
+        insert(&mut map, 1, "a", 10);
+        insert(&mut map, 2, "b", 20);
+        assert_eq!(get(&map, 1, "a"), Some(10));
+        assert_eq!(get(&map, 2, "b"), Some(20));
+        assert_eq!(get(&map, 3, "c"), None);
+        let key = "a".to_owned();
+        assert_eq!(
+            map.remove(&(1u64, &key) as &dyn KeyProbe<String>),
+            Some(10),
+            "retirement removes by probe"
+        );
+        assert_eq!(get(&map, 1, "a"), None);
+    }
+
+    #[test]
+    fn keys_that_share_a_hash_stay_apart() {
+        let mut map = Map::default();
+        insert(&mut map, 7, "x", 1);
+        insert(&mut map, 7, "y", 2);
+        assert_eq!(map.len(), 2);
+        assert_eq!(get(&map, 7, "x"), Some(1));
+        assert_eq!(get(&map, 7, "y"), Some(2));
+        // The same key under another hash is another entry: the hash is
+        // part of the identity (a key always comes with its own hash).
+        assert_eq!(get(&map, 8, "x"), None);
+    }
+}

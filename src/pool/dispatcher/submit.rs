@@ -1,0 +1,164 @@
+//! Submitting: a message (or a batch) into its port's inbox, and the
+//! port's task queued if the port was idle.
+
+use std::hash::{BuildHasher, Hash};
+
+use crate::pool::handler::Handler;
+use crate::pool::mailbox::Envelope;
+use crate::pool::receiver::Batch;
+use crate::pool::source::Ended;
+use crate::pool::task::Task;
+use crate::pool::worker::WorkerCx;
+use crate::sync::atomic::fence;
+use crate::sync::atomic::Ordering::*;
+use crate::sync::Arc;
+
+use super::port::{Delivery, Schedule};
+use super::DispatcherInner;
+
+impl<K, M, H, S> DispatcherInner<K, M, H, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    /// Accepts `env` for `key` and returns its position, or hands it back
+    /// if the executor, the dispatcher or the message's source is closed.
+    /// The message's credit unit is already taken.
+    ///
+    /// The position is taken *before* the last look at the stop flags
+    /// (both SeqCst): a stop sets its flag, then waits until every position
+    /// taken so far has ended; so a message either sees the flag and is
+    /// refused (its position recorded as returned: the commit point never
+    /// passes a message that did not run), or is waited for.
+    pub(super) fn enqueue(
+        this: &Arc<Self>,
+        key: K,
+        mut env: Envelope<M, H::Output>,
+    ) -> Result<u64, Envelope<M, H::Output>> {
+        // The key's `Hash` is user code: a panic here reaches the submitter
+        // (whose credit unit is given back by the receiver).
+        let hash = this.hasher.hash_one(&key);
+        let source_ref = env.held.source;
+        let source = source_ref.get();
+        if source.is_closed() || this.refuses() {
+            return Err(env);
+        }
+        let position = source.take_position();
+        env.held.set_position(position);
+        if source.is_closed() || this.refuses() {
+            source.record(position, Ended::Returned);
+            return Err(env);
+        }
+        let worker = this.route(this.bucket_of(hash));
+        let port = this.port(worker);
+        let d = Delivery { key, hash, env };
+        port.inbox
+            .push_stamped(d, this.shared.metrics.stamp(position));
+        fence(SeqCst);
+        if port.state.is_closed() {
+            // A force stop may have emptied the inbox before our push
+            // landed: hand back what is left, here.
+            this.reject_late(port);
+            return Ok(position);
+        }
+        Self::schedule_port(this, worker);
+        Ok(position)
+    }
+
+    /// After a push to port `p`'s inbox (and a fence): queues the port's
+    /// task unless it is queued or running already. If it is, the delivery
+    /// waits for that turn, maybe behind a long step. The submitter does
+    /// not watch the step (a watch reads a line the busy worker writes per
+    /// step): the idle workers do, and steal the turn if the step is stuck
+    /// (see "Stealing a turn" in `port.rs`). It only makes sure one of them
+    /// will watch again: if every idle one sleeps, one is called (see "Why
+    /// no wake-up is lost" in `conserve/mod.rs`).
+    #[inline]
+    pub(super) fn schedule_port(this: &Arc<Self>, p: usize) {
+        if this.ports.made(p).state.schedule() == Schedule::Queue {
+            Self::queue_port(this, p);
+        } else {
+            // SeqCst (in `any_sleeper`): a sleeper counted itself before
+            // it looked at the ports and the workers.
+            this.shared.call_watcher(p);
+        }
+    }
+
+    /// Queues port `p`'s task, the port just made SCHEDULED: locally for a
+    /// handler submitting to a key of its own worker (no wake-up: it is
+    /// running), else on the worker's queue, waking it if it sleeps.
+    #[inline]
+    pub(super) fn queue_port(this: &Arc<Self>, p: usize) {
+        let mut task = Some(Task::tagged(this.clone(), p));
+        let _ = WorkerCx::with_current(|cx| {
+            if cx.is_of(this.shared.id()) && cx.index == p {
+                cx.push_local(task.take().expect("taken once"));
+            }
+        });
+        match task {
+            // To an idle worker instead if `p` is stuck.
+            Some(task) => {
+                this.shared.schedule(p, task);
+            }
+            // Behind the handler that sent it, which may run long.
+            None => this.shared.call_watcher(p),
+        }
+    }
+
+    /// Accepts a batch of one source, every message holding its own unit,
+    /// in order; returns the first of its consecutive positions. The keys'
+    /// hashes are computed first (user code: a panic reaches the caller
+    /// before anything was accepted); positions are taken once, and each
+    /// port touched gets one fence and one schedule check for the whole
+    /// batch. If the dispatcher or the source is closed, every message is
+    /// handed back, in order.
+    pub(super) fn enqueue_batch(
+        this: &Arc<Self>,
+        batch: Batch<K, M, H::Output>,
+    ) -> Result<u64, Batch<K, M, H::Output>> {
+        let Some((_, first)) = batch.first() else {
+            return Ok(0);
+        };
+        let source = first.held.source.get();
+        if source.is_closed() || this.refuses() {
+            return Err(batch);
+        }
+        let hashes: Vec<u64> = batch.iter().map(|(k, _)| this.hasher.hash_one(k)).collect();
+        let n = batch.len() as u64;
+        let start = source.take_positions(n);
+        if source.is_closed() || this.refuses() {
+            for p in start..start + n {
+                source.record(p, Ended::Returned);
+            }
+            return Err(batch);
+        }
+        // Ports touched, in first-touch order.
+        let mut touched: Vec<usize> = Vec::new();
+        for (i, ((key, mut env), hash)) in batch.into_iter().zip(hashes).enumerate() {
+            let position = start + i as u64;
+            env.held.set_position(position);
+            let worker = this.route(this.bucket_of(hash));
+            this.port(worker).inbox.push_stamped(
+                Delivery { key, hash, env },
+                this.shared.metrics.stamp(position),
+            );
+            if !touched.contains(&worker) {
+                touched.push(worker);
+            }
+        }
+        fence(SeqCst);
+        for worker in touched {
+            let port = this.ports.made(worker);
+            if port.state.is_closed() {
+                // As in `enqueue`: a force stop may have emptied the inbox
+                // before our pushes landed.
+                this.reject_late(port);
+                continue;
+            }
+            Self::schedule_port(this, worker);
+        }
+        Ok(start)
+    }
+}
