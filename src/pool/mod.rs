@@ -13,9 +13,8 @@
 //! - `batch.rs`: a receiver's batched sends (`send_batch` and its forms).
 //! - `retry.rs`: retry policies: attempts, backoff, jitter, which failures
 //!   retry.
-//! - `source.rs`: a receiver's shared state: credit, positions, drains,
-//!   and whether it takes messages.
-//! - `commits.rs`: the commit point of a receiver that tracks commits.
+//! - `source/`: a receiver's shared state: credit, positions, drains,
+//!   whether it takes messages, and its commit point.
 //! - `mailbox.rs`: one key's queue, its running future and its state machine.
 //! - `worker.rs`: a worker's queues and its spin-then-park loop.
 //! - `inbox.rs`: a port's multi-producer inbox.
@@ -26,7 +25,6 @@
 //! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
 
 pub(crate) mod batch;
-pub(crate) mod commits;
 pub(crate) mod config;
 pub(crate) mod dispatcher;
 pub(crate) mod executor;

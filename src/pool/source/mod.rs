@@ -93,7 +93,6 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::pool::commits::Commits;
 use crate::pool::executor::Shared;
 use crate::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use crate::sync::{cas_guess, Arc, Mutex};
@@ -118,7 +117,10 @@ pub(crate) const MAX_SPAN: usize = 1 << 24;
 const CLOSED: u8 = 1;
 const STOPPED: u8 = 2;
 
-pub(crate) use crate::pool::commits::Ended;
+mod commits;
+
+use commits::Commits;
+pub(crate) use commits::Ended;
 
 /// A rejection a worker leaves for the thread stopping the source.
 pub(crate) type Handover = Box<dyn FnOnce() + Send>;
