@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `mod.rs` | [`Source`], its word, its lifetime ([`SourceHandle`], [`SourceRef`], [`PinnedSource`]), positions | who frees a source |
 //! | `credit.rs` | taking and giving back units, the waiters ([`Acquire`]), the commit span's cap | credit |
-//! | `unit.rs` | [`UnitRef`], [`SharedUnit`]: a unit one message shares with its follow-ups | sharing a unit |
+//! | `unit.rs` | [`UnitRef`], [`SharedUnit`](unit::SharedUnit): a unit one message shares with its follow-ups | sharing a unit |
 //! | `drain.rs` | whether every accepted message ended; waiting for that | drains |
 //! | `stop.rs` | the stop flags, sending waiters away, handing messages over to a stopper | stops |
 //! | `commits.rs` | the commit point of a receiver that tracks commits | the commit point |
