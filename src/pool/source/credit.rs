@@ -476,4 +476,34 @@ mod tests {
         // SAFETY: two units are held.
         unsafe { h.as_ref().release(2) };
     }
+
+    #[test]
+    fn a_batch_takes_what_both_the_credit_and_the_span_allow() {
+        let h = source(4, 6);
+        let s = h.source();
+        assert_eq!(s.try_acquire_many(0), 0);
+        assert_eq!(s.try_acquire_many(3), 3);
+        s.take_positions(3);
+        assert_eq!(s.try_acquire_many(3), 1, "one unit was left");
+        s.take_positions(1);
+        assert_eq!(s.try_acquire_many(1), 0, "no credit left");
+        // SAFETY: four units are held.
+        unsafe { h.as_ref().release(4) };
+        // Positions 0..4 are not committed: a span of 6 leaves room for 2.
+        assert_eq!(s.try_acquire_many(4), 2);
+        s.take_positions(2);
+        assert_eq!(
+            s.try_acquire_many(1),
+            0,
+            "credit is free, but the span is full"
+        );
+        for p in 0..6 {
+            s.record(p, Ended::Finished);
+        }
+        assert_eq!(s.committable(), 6);
+        assert_eq!(s.try_acquire_many(4), 2, "two units are still out");
+        // SAFETY: four units are held.
+        unsafe { h.as_ref().release(4) };
+        assert_eq!(s.in_flight(), 0);
+    }
 }

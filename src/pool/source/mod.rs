@@ -461,4 +461,15 @@ pub(super) mod tests {
         assert_eq!(s.committable(), 0);
         assert!(!s.tracks_commits());
     }
+
+    #[test]
+    fn the_last_handle_frees_a_source_whose_drainer_left_its_bit_set() {
+        let h = source(1, 1024);
+        // A drainer registers, finds the source drained and leaves.
+        assert!(h.source().wait_drained(&Waiter::register_thread));
+        assert_ne!(h.source().hot.word.load(SeqCst) & DRAINERS, 0);
+        // The stale bit does not keep the source alive (Miri reports a
+        // leak if it does).
+        drop(h);
+    }
 }

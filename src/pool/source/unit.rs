@@ -192,4 +192,24 @@ mod tests {
         }
         assert_eq!(h.source().in_flight(), 0);
     }
+
+    #[test]
+    fn a_shared_unit_is_lent_until_its_last_holder_leaves() {
+        let h = source(1, 1024);
+        let s = h.source();
+        let me = h.as_ref();
+        assert!(s.try_acquire());
+        // SAFETY: we hold the unit; each holder leaves once.
+        unsafe {
+            let (a, b) = UnitRef::plain(me).share();
+            assert_eq!(s.lent.load(SeqCst), 1);
+            assert!(a.leave().is_none());
+            assert_eq!(s.lent.load(SeqCst), 1, "one holder is left");
+            let unit = b.leave().expect("the last holder gets the unit");
+            assert_eq!(s.lent.load(SeqCst), 0);
+            assert_eq!(s.in_flight(), 1, "its caller gives the unit back");
+            unit.release(1);
+        }
+        assert_eq!(s.in_flight(), 0);
+    }
 }
