@@ -118,7 +118,7 @@ impl<K, M, O> Receiver<K, M, O> {
     }
 
     /// Enqueues a message holding `unit`. Returns its position and, if
-    /// `reply`, its completion slot.
+    /// `reply`, the record its completion reads.
     pub(super) fn enqueue(&self, key: K, message: M, reply: bool, unit: Unit) -> Accepted<O, M> {
         /// Gives the unit back if the key's `Hash` panics in `enqueue`.
         struct Unwind<'a> {
@@ -130,7 +130,7 @@ impl<K, M, O> Receiver<K, M, O> {
                 give_back(self.source.as_ref(), self.unit);
             }
         }
-        let slot = reply.then(|| Arc::new(Slot::new()));
+        let reply = reply.then(|| Arc::new(Slot::new()));
         let me = self.source.as_ref();
         let held = match unit {
             Unit::Own => UnitRef::plain(me),
@@ -144,7 +144,7 @@ impl<K, M, O> Receiver<K, M, O> {
         };
         let env = Envelope {
             msg: message,
-            reply: slot.clone(),
+            reply: reply.clone(),
             held: Held::new(me, held),
         };
         // The key's `Hash` runs inside: if it panics, the panic goes to the
@@ -156,7 +156,7 @@ impl<K, M, O> Receiver<K, M, O> {
         let res = self.core.enqueue(key, env);
         std::mem::forget(unwind);
         match res {
-            Ok(position) => Ok((position, slot)),
+            Ok(position) => Ok((position, reply)),
             Err(env) => {
                 give_back(me, unit);
                 Err(self.refused(SubmitError::Closed(env.msg)))
