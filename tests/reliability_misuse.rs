@@ -470,10 +470,10 @@ fn a_future_that_panics_on_drop_leaves_the_worker_alive_and_its_outcome_delivere
 
 static BLOCKER_IN: AtomicBool = AtomicBool::new(false);
 
-/// Regression: an output (or a rejected message) whose `Drop` panics, dropped
-/// by the crate because nobody holds its completion, used to unwind into the
-/// worker (the thread died and the pool never stopped) or out of
-/// `shutdown_now` (the rest of the stop was skipped).
+/// An output (or a rejected message) whose `Drop` panics, dropped by the
+/// crate because nobody holds its completion, must not unwind into the
+/// worker (the thread would die and the pool never stop) or out of
+/// `shutdown_now` (the rest of the stop would be skipped).
 #[test]
 fn outputs_and_messages_that_panic_on_drop_do_not_kill_workers_or_stops() {
     quiet_injected_panics();
@@ -549,9 +549,9 @@ impl Hash for BadHash {
     }
 }
 
-/// Regression: a `Hash` that panicked inside `try_submit` kept the credit
-/// unit it had taken, so `max_in_flight` such panics made the receiver refuse
-/// every key forever (`Full`).
+/// A `Hash` that panics inside `try_submit` gives back the credit unit it
+/// took: otherwise `max_in_flight` such panics would make the receiver
+/// refuse every key forever (`Full`).
 #[test]
 fn a_key_whose_hash_panics_fails_its_own_submission_and_nothing_else() {
     quiet_injected_panics();
@@ -682,9 +682,10 @@ fn a_key_whose_eq_is_inconsistent_gets_no_order_but_other_keys_keep_theirs() {
     eventually("workers gone", || threads_named(&prefix) == 0);
 }
 
-/// Regression: a `Hash` that panicked inside `Lanes::execute` kept the
-/// command counted (and a unit of the node's in-flight limit), so `close`
-/// could never drain and the limit shrank for every `Lanes` sharing it.
+/// A `Hash` that panics inside `Lanes::execute` leaves the command
+/// uncounted (and gives back its unit of the node's in-flight limit):
+/// otherwise `close` could never drain and the limit would shrink for
+/// every `Lanes` sharing it.
 #[test]
 fn lanes_key_whose_hash_panics_fails_its_own_command_and_nothing_else() {
     quiet_injected_panics();

@@ -5,6 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+mod yield_once;
+pub use yield_once::YieldOnce;
+
 /// Waits (without asserting on time) until `cond` holds; fails the test if it
 /// never does within a generous bound.
 pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
@@ -400,23 +403,4 @@ pub fn spawn_firer(
             }
         }
     })
-}
-
-/// A future that returns `Pending` once, waking itself first.
-pub struct YieldOnce(pub bool);
-
-impl std::future::Future for YieldOnce {
-    type Output = ();
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.0 {
-            std::task::Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    }
 }

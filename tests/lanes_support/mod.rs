@@ -6,6 +6,10 @@
 //! gate the test opens). Tests assert on these records, never on time.
 #![allow(dead_code)]
 
+#[path = "../common/yield_once.rs"]
+mod yield_once;
+pub use yield_once::YieldOnce;
+
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
@@ -89,22 +93,6 @@ impl Gate {
             if !st.1.iter().any(|w| w.will_wake(cx.waker())) {
                 st.1.push(cx.waker().clone());
             }
-            Poll::Pending
-        }
-    }
-}
-
-/// Returns `Pending` once (waking itself), then `Ready`.
-pub struct YieldNow(bool);
-
-impl Future for YieldNow {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
             Poll::Pending
         }
     }
@@ -240,7 +228,7 @@ impl Kernel for TestKernel {
                 }
             }
             if self.yield_inside.load(Ordering::SeqCst) {
-                YieldNow(false).await;
+                YieldOnce(false).await;
             }
             let mut outcomes = Vec::new();
             let mut fail_append = false;
