@@ -45,8 +45,7 @@ fn leader_dropped_mid_batch_others_get_results_once() {
     // B's command ran exactly once (it was in the batch); nothing else ran.
     assert_eq!(k.decided_ids(), vec![1, 2, 3, 4]);
     assert_eq!(k.batch_ids(), vec![vec![1], vec![2, 3, 4]]);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
     assert!(!k.overlap.load(std::sync::atomic::Ordering::SeqCst));
 }
 
@@ -79,8 +78,7 @@ fn every_member_dropped_next_caller_drives_the_orphan_then_its_own() {
         !k.saw(2),
         "a dropped queued command never reaches the kernel"
     );
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }
 
 #[test]
@@ -120,8 +118,7 @@ fn member_dropped_mid_batch_result_is_discarded_not_lost() {
     k.open(2);
     assert_eq!(b.ready().unwrap(), 20);
     assert_eq!(k.decided_ids(), vec![1, 2, 3]);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }
 
 #[test]
@@ -153,8 +150,7 @@ fn dropped_again_command_is_not_run_again() {
 fn dropping_an_unpolled_future_costs_nothing() {
     let lanes = lanes(TestKernel::new());
     drop(lanes.execute(1, cmd(1)));
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
     assert!(lanes.kernel().batches().is_empty());
 }
 
@@ -174,6 +170,5 @@ fn dropping_a_finished_but_unread_outcome_frees_everything() {
     assert_eq!(c.woken(), 1, "C's outcome is waiting for it");
     drop(c);
     assert_eq!(k.decided_ids(), vec![1, 2, 3]);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }

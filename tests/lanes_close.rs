@@ -65,8 +65,7 @@ fn close_drives_a_batch_whose_callers_all_left() {
     lanes.kernel().open(2); // nobody is polling it now
     assert!(lanes.close_blocking(Duration::from_secs(3600)));
     assert_eq!(lanes.kernel().decided_ids(), vec![1, 2]);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }
 
 #[test]
@@ -120,10 +119,7 @@ fn async_close_times_out_without_a_runtime_timer() {
 
 #[test]
 fn close_under_tokio_with_live_callers() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
+    let rt = tokio_runtime();
     let lanes = Arc::new(
         Lanes::builder(TestKernel::yielding())
             .max_batch(4)

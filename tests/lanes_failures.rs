@@ -40,8 +40,7 @@ fn a_panicking_batch_fails_its_commands_and_the_lane_goes_on() {
     // The lane goes on.
     let mut d = Manual::new(lanes.execute(1, cmd(5)));
     assert_eq!(d.ready().unwrap(), 50);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }
 
 #[test]
@@ -228,6 +227,5 @@ fn a_kernel_breaking_the_contract_fails_its_batch_clearly() {
         e.into_panic().unwrap().message(),
         "kernel broke the BatchResult contract: 0 outcomes and 0 again commands for a batch of 1 commands"
     );
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }

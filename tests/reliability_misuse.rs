@@ -141,12 +141,7 @@ fn all_methods_refuse(r: &Receiver<u32, Msg, u32>, live: &Live) {
 fn submitting_after_either_stop_or_the_last_drop_hands_the_message_back() {
     for how in 0..3 {
         let live = Live::new();
-        let prefix = unique_prefix("rafter");
-        let executor = KeyedExecutor::builder()
-            .workers(2)
-            .thread_name(prefix.clone())
-            .build()
-            .unwrap();
+        let (executor, prefix) = named_executor("rafter", 2);
         let d = executor.dispatcher(handler::from_fn(|_: &u32, m: Msg| m.0));
         let r = d.receiver(4).unwrap();
         assert_eq!(
@@ -173,12 +168,7 @@ fn submitting_after_either_stop_or_the_last_drop_hands_the_message_back() {
 #[test]
 fn shutdown_from_inside_a_handler_starts_the_stop_and_never_deadlocks() {
     for force in [false, true] {
-        let prefix = unique_prefix("rins");
-        let executor = KeyedExecutor::builder()
-            .workers(1)
-            .thread_name(prefix.clone())
-            .build()
-            .unwrap();
+        let (executor, prefix) = named_executor("rins", 1);
         let slot: Arc<Mutex<Option<KeyedExecutor>>> = Arc::new(Mutex::new(None));
         let gate = Gate::new();
         let (s2, g2) = (slot.clone(), gate.clone());
@@ -249,12 +239,7 @@ fn shutdown_from_inside_a_handler_starts_the_stop_and_never_deadlocks() {
 
 #[test]
 fn the_last_handle_dropped_inside_a_handler_stops_the_pool_without_a_deadlock() {
-    let prefix = unique_prefix("rlast");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rlast", 2);
     let slot: Arc<Mutex<Option<KeyedExecutor>>> = Arc::new(Mutex::new(None));
     let s2 = slot.clone();
     let d = executor.dispatcher(handler::from_fn(move |_: &u32, m: u32| {
@@ -272,12 +257,7 @@ fn the_last_handle_dropped_inside_a_handler_stops_the_pool_without_a_deadlock() 
 
 #[test]
 fn a_handler_blocking_its_thread_stalls_only_itself_and_the_stop_waits_for_it() {
-    let prefix = unique_prefix("rblk");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rblk", 2);
     let gate = Gate::new();
     let inside = Arc::new(AtomicBool::new(false));
     let (g, i) = (gate.clone(), inside.clone());
@@ -313,12 +293,7 @@ fn a_handler_blocking_its_thread_stalls_only_itself_and_the_stop_waits_for_it() 
 
 #[test]
 fn a_waker_kept_and_called_long_after_its_message_finished_is_harmless() {
-    let prefix = unique_prefix("rwak");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rwak", 2);
     let kept: Arc<Mutex<Vec<Waker>>> = Arc::default();
     let events = Events::new();
     let ev = events.add();
@@ -439,12 +414,7 @@ impl Drop for DropBomb {
 #[test]
 fn a_future_that_panics_on_drop_leaves_the_worker_alive_and_its_outcome_delivered() {
     quiet_injected_panics();
-    let prefix = unique_prefix("rfut");
-    let executor = KeyedExecutor::builder()
-        .workers(1)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rfut", 1);
     let events = Events::new();
     let ev = events.add();
     let e2 = events.clone();
@@ -477,12 +447,7 @@ static BLOCKER_IN: AtomicBool = AtomicBool::new(false);
 #[test]
 fn outputs_and_messages_that_panic_on_drop_do_not_kill_workers_or_stops() {
     quiet_injected_panics();
-    let prefix = unique_prefix("rdrop");
-    let executor = KeyedExecutor::builder()
-        .workers(1)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rdrop", 1);
     let gate = Gate::new();
     let first = Gate::new();
     let (g, g1) = (gate.clone(), first.clone());
@@ -555,12 +520,7 @@ impl Hash for BadHash {
 #[test]
 fn a_key_whose_hash_panics_fails_its_own_submission_and_nothing_else() {
     quiet_injected_panics();
-    let prefix = unique_prefix("rhash");
-    let executor = KeyedExecutor::builder()
-        .workers(1)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rhash", 1);
     let log = Arc::new(Mutex::new(Vec::new()));
     let l2 = log.clone();
     let gate = Gate::new();
@@ -643,12 +603,7 @@ impl Hash for NanKey {
 
 #[test]
 fn a_key_whose_eq_is_inconsistent_gets_no_order_but_other_keys_keep_theirs() {
-    let prefix = unique_prefix("req");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("req", 2);
     let log: Arc<Mutex<HashMap<u32, Vec<u32>>>> = Arc::default();
     let l2 = log.clone();
     let handler_live = Live::new();

@@ -16,12 +16,7 @@ use keyed_executor::{handler, KeyedExecutor};
 fn graceful_stop_never_strands_a_parked_worker() {
     let rounds = env_u64("KEYED_STOP_ROUNDS", 3000);
     for round in 0..rounds {
-        let prefix = unique_prefix("rst");
-        let executor = KeyedExecutor::builder()
-            .workers(3)
-            .thread_name(prefix.clone())
-            .build()
-            .unwrap();
+        let (executor, prefix) = named_executor("rst", 3);
         let d = executor.dispatcher(handler::from_async_fn(|_k: u32, n: u32| async move {
             if n % 2 == 0 {
                 YieldOnce(false).await;
@@ -57,12 +52,7 @@ fn concurrent_force_stops_hand_back_every_message_once() {
 
     let rounds = env_u64("KEYED_STOP_ROUNDS", 3000) / 10;
     for round in 0..rounds.max(20) {
-        let prefix = unique_prefix("rfs");
-        let executor = KeyedExecutor::builder()
-            .workers(2)
-            .thread_name(prefix.clone())
-            .build()
-            .unwrap();
+        let (executor, prefix) = named_executor("rfs", 2);
         // 0 = not seen, 1 = ran, 2 = handed back; anything else: ended twice.
         let ends: Arc<Vec<AtomicUsize>> = Arc::new((0..400).map(|_| AtomicUsize::new(0)).collect());
         let stop_from_handler: Arc<Mutex<Option<KeyedExecutor>>> =

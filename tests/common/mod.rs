@@ -6,6 +6,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 mod yield_once;
+#[allow(unused_imports)]
 pub use yield_once::YieldOnce;
 
 /// Waits (without asserting on time) until `cond` holds; fails the test if it
@@ -215,6 +216,28 @@ pub fn unique_prefix(tag: &str) -> String {
     let name = format!("{tag}{n}");
     assert!(name.len() <= 11, "thread prefix {name:?} too long");
     name
+}
+
+/// An executor of `workers` threads named after a fresh
+/// [`unique_prefix`] of `tag` (so [`threads_named`] counts its threads
+/// alone), and that prefix.
+pub fn named_executor(tag: &str, workers: usize) -> (keyed_executor::KeyedExecutor, String) {
+    let prefix = unique_prefix(tag);
+    let executor = keyed_executor::KeyedExecutor::builder()
+        .workers(workers)
+        .thread_name(prefix.clone())
+        .build()
+        .unwrap();
+    (executor, prefix)
+}
+
+/// Calls `shutdown_now` on another thread: a force stop waits for the step
+/// that runs, which the test lets finish meanwhile.
+pub fn shutdown_now_elsewhere(
+    executor: &keyed_executor::KeyedExecutor,
+) -> std::thread::JoinHandle<()> {
+    let executor = executor.clone();
+    std::thread::spawn(move || executor.shutdown_now())
 }
 
 /// Counts live values of one kind: clone a [`Token`] into each value.

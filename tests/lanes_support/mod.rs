@@ -316,8 +316,23 @@ impl<F: Future> Manual<F> {
     }
 }
 
+/// Lanes over `kernel` with the default settings.
 pub fn lanes(kernel: TestKernel) -> Lanes<TestKernel> {
     Lanes::builder(kernel).build().unwrap()
+}
+
+/// Nothing is left: no command counted in flight, no lane alive.
+pub fn assert_idle<K: Kernel>(lanes: &Lanes<K>) {
+    assert_eq!(lanes.in_flight(), 0);
+    assert_eq!(lanes.lanes_alive(), 0);
+}
+
+/// A tokio runtime of two worker threads, for callers on many tasks.
+pub fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap()
 }
 
 /// Checks that each key's decided ids keep every caller's own order: `seq`
