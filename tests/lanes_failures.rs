@@ -14,8 +14,7 @@ use lanes_support::*;
 fn a_panicking_batch_fails_its_commands_and_the_lane_goes_on() {
     let lanes = lanes(TestKernel::new());
     let k = lanes.kernel();
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut a = Manual::new(lanes.execute(1, cmd(2)));
     let mut b = Manual::new(lanes.execute(1, op(3, Op::Panic)));
     let mut c = Manual::new(lanes.execute(1, cmd(4)));
@@ -58,8 +57,7 @@ fn a_panic_in_execute_batch_itself_is_contained_too() {
 fn rejected_commands_and_failed_appends_reach_their_callers() {
     let lanes = lanes(TestKernel::new());
     let k = lanes.kernel();
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut ok = Manual::new(lanes.execute(1, cmd(2)));
     let mut rejected = Manual::new(lanes.execute(1, op(3, Op::Reject)));
     ok.pending();
@@ -73,8 +71,7 @@ fn rejected_commands_and_failed_appends_reach_their_callers() {
     );
 
     // One failing append fails every decided command of the batch.
-    let mut leader = Manual::new(lanes.execute(1, op(10, Op::Block(2))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(10, Op::Block(2)));
     let mut x = Manual::new(lanes.execute(1, cmd(11)));
     let mut y = Manual::new(lanes.execute(1, op(12, Op::FailAppend)));
     x.pending();
@@ -134,10 +131,8 @@ fn the_commit_hook_sees_each_batch_before_the_next_starts() {
         .build()
         .unwrap();
     let k = lanes.kernel();
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
-    let mut a = Manual::new(lanes.execute(1, cmd(2)));
-    a.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
+    let mut a = waiting(&lanes, 1, cmd(2));
     k.open(1);
     // The hook ran for [1] before the leader got its outcome, and before
     // the next batch [2] could start.
@@ -147,8 +142,7 @@ fn the_commit_hook_sees_each_batch_before_the_next_starts() {
     assert_eq!(seen.lock().unwrap().len(), 2);
 
     // A batch whose append failed is not shown to the hook.
-    let mut leader = Manual::new(lanes.execute(1, op(5, Op::Block(2))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(5, Op::Block(2)));
     let mut b = Manual::new(lanes.execute(1, op(3, Op::FailAppend)));
     let mut c = Manual::new(lanes.execute(1, cmd(4)));
     b.pending();

@@ -316,6 +316,18 @@ impl<F: Future> Manual<F> {
     }
 }
 
+/// A caller of `lanes` with `command` for `key`, polled once: it waits (in
+/// the queue, or leading a batch that has not finished).
+pub fn waiting<K: Kernel>(
+    lanes: &Lanes<K>,
+    key: K::Key,
+    command: K::Command,
+) -> Manual<keyed_executor::lanes::Execute<K>> {
+    let mut caller = Manual::new(lanes.execute(key, command));
+    caller.pending();
+    caller
+}
+
 /// Lanes over `kernel` with the default settings.
 pub fn lanes(kernel: TestKernel) -> Lanes<TestKernel> {
     Lanes::builder(kernel).build().unwrap()
