@@ -557,9 +557,9 @@ fn a_key_whose_hash_panics_fails_its_own_submission_and_nothing_else() {
         assert_eq!(h.wait().unwrap(), m);
     }
     // A `Hash` that panics while a runner retires the key's mailbox (on the
-    // worker): contained; the mailbox stays pinned and idle (the pin goes
-    // before the mailbox closes), and the next submission of that key
-    // revives it.
+    // worker): contained; the mailbox stays idle in its port's map (it
+    // leaves the map before it closes), and the next submission of that
+    // key revives it.
     let held = r.submit_blocking(BadHash(5), 1000).unwrap();
     eventually("running", || d.live_mailboxes() == 1);
     HASH_PANICS.store(true, SeqCst);

@@ -38,13 +38,12 @@ fn graceful_stop_never_strands_a_parked_worker() {
     }
 }
 
-/// Regression: two force stops at once (a handler calling `shutdown_now`
-/// while other threads do too). One stop rejected the messages it had taken
-/// from a worker's inbox while another had already dropped the mailboxes'
-/// pins, so the worker could retire and free a mailbox the first stop was
-/// still reading (a use after free ThreadSanitizer caught in
-/// `reliability_executor`). Every message must end exactly once: ran, or
-/// handed back through `on_reject`.
+/// Two force stops at once (a handler calling `shutdown_now` while other
+/// threads do too): one stop may still be rejecting the messages it took
+/// from a port's inbox while another has already emptied the port's map,
+/// and no worker may retire and free a mailbox that a stop still reads.
+/// Every message must end exactly once: ran, or handed back through
+/// `on_reject`.
 #[test]
 fn concurrent_force_stops_hand_back_every_message_once() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
