@@ -383,7 +383,7 @@ mod imp {
     /// Loom records an atomic's initial value as a non-`SeqCst` store, and
     /// lets a `SeqCst` load read a non-`SeqCst` store even when a newer
     /// `SeqCst` store exists. So in a Dekker hand-shake on a fresh atomic
-    /// (`pool/credit.rs`: set `WAITERS` then retry the acquire,
+    /// (`pool/source/credit.rs`: set `WAITERS` then retry the acquire,
     /// against `in_flight.fetch_sub` then read `has_waiters`; the worker's
     /// park against a push) loom would let both sides read the old values, an
     /// outcome the C++ model forbids (the initial value happens before every

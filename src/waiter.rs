@@ -29,6 +29,14 @@ impl Waiter {
         }
     }
 
+    /// Puts the current thread in `slot`, unless it already holds a thread
+    /// (a blocking waiter registers from one thread only).
+    pub(crate) fn register_thread(slot: &mut Option<Waiter>) {
+        if !matches!(slot, Some(Waiter::Thread(_))) {
+            *slot = Some(Waiter::current_thread());
+        }
+    }
+
     /// Replaces `slot` with a waiter for the task behind `waker`, unless it
     /// already holds one that would wake the same task.
     pub(crate) fn register_task(slot: &mut Option<Waiter>, waker: &Waker) {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, threads_named, Gate, Tracked};
+use common::{eventually, threads_named, Gate, Tracked, YieldOnce};
 use futures::channel::oneshot;
 use keyed_executor::{handler, ConfigError, KeyedExecutor, SubmitError, TaskError, MAX_SPIN};
 
@@ -88,25 +88,6 @@ fn per_key_order_without_overlap_while_keys_run_in_parallel() {
     }
     assert!(max_parallel.load(Ordering::SeqCst) >= 1);
     assert!(executor.shutdown(Duration::from_secs(10)));
-}
-
-/// A future that returns `Pending` once, waking itself first.
-struct YieldOnce(bool);
-
-impl std::future::Future for YieldOnce {
-    type Output = ();
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.0 {
-            std::task::Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    }
 }
 
 #[test]

@@ -11,12 +11,9 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{mpsc, Arc, Mutex};
-use std::task::{Context, Poll};
 
-use common::Gate;
+use common::{Gate, YieldOnce};
 use keyed_executor::{handler, Completion, KeyedExecutor, Receiver};
 
 const THROUGHPUT: usize = 4;
@@ -43,22 +40,6 @@ enum Kind {
     AsyncReady,
     /// An async handler whose future wakes itself and suspends once.
     AsyncYield,
-}
-
-/// A future that wakes itself and returns `Pending` once, then is ready.
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    }
 }
 
 /// One worker, throughput 4, a receiver with room for the whole backlog.

@@ -1,8 +1,8 @@
 //! A graceful stop waits for the messages of a receiver that was dropped
 //! while they were in flight: the release that gives back the last unit
 //! also frees the receiver's credit, and must wake the parked workers so
-//! they see that everything drained (it used to leave them asleep, and
-//! `shutdown` timed out).
+//! they see that everything drained (asleep, they would leave `shutdown`
+//! to time out).
 
 use std::time::Duration;
 

@@ -18,8 +18,7 @@ fn a_full_lane_refuses_with_busy_and_hands_the_command_back() {
         .unwrap();
     let k = lanes.kernel();
     // The leader's batch is running: it no longer counts against capacity.
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut w1 = Manual::new(lanes.execute(1, cmd(2)));
     let mut w2 = Manual::new(lanes.execute(1, cmd(3)));
     w1.pending();
@@ -105,11 +104,7 @@ fn retry_after_comes_from_the_observed_drain_rate() {
     }
     // Fill the limit with 4 blocked commands, then ask for a fifth.
     let mut blocked: Vec<_> = (0..4)
-        .map(|i| {
-            let mut m = Manual::new(lanes.execute(1000 + i, op(1000 + i as u64, Op::Block(1))));
-            m.pending();
-            m
-        })
+        .map(|i| waiting(&lanes, 1000 + i, op(1000 + i as u64, Op::Block(1))))
         .collect();
     let e = Manual::new(lanes.execute(5000, cmd(5000)))
         .ready()
@@ -169,8 +164,7 @@ fn nothing_grows_when_the_kernel_stalls() {
         .lane_capacity(8)
         .build()
         .unwrap();
-    let mut leader = Manual::new(lanes.execute(1, op(0, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(0, Op::Block(1)));
     let mut waiting = Vec::new();
     let mut busy = 0;
     for id in 1..=100 {

@@ -28,15 +28,8 @@ fn contended(
     Manual<keyed_executor::lanes::Execute<TestKernel>>,
     Vec<Manual<keyed_executor::lanes::Execute<TestKernel>>>,
 ) {
-    let mut leader = Manual::new(lanes.execute(1, op(100, Op::Block(1))));
-    leader.pending();
-    let queued: Vec<_> = (1..=n)
-        .map(|id| {
-            let mut m = Manual::new(lanes.execute(1, cmd(id)));
-            m.pending();
-            m
-        })
-        .collect();
+    let leader = waiting(lanes, 1, op(100, Op::Block(1)));
+    let queued: Vec<_> = (1..=n).map(|id| waiting(lanes, 1, cmd(id))).collect();
     assert_eq!(lanes.in_flight(), n as usize + 1);
     (leader, queued)
 }
@@ -106,8 +99,7 @@ fn again_returns_to_the_head_in_order() {
         .build()
         .unwrap();
     let k = lanes.kernel();
-    let mut leader = Manual::new(lanes.execute(1, op(100, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(100, Op::Block(1)));
     let ops = [
         op(1, Op::Ok),
         op(2, Op::AgainOnce), // 2, 3, 4 handed back the first time
@@ -116,14 +108,7 @@ fn again_returns_to_the_head_in_order() {
         op(5, Op::Ok),
         op(6, Op::Ok),
     ];
-    let mut queued: Vec<_> = ops
-        .into_iter()
-        .map(|c| {
-            let mut m = Manual::new(lanes.execute(1, c));
-            m.pending();
-            m
-        })
-        .collect();
+    let mut queued: Vec<_> = ops.into_iter().map(|c| waiting(&lanes, 1, c)).collect();
     k.open(1);
     leader.ready().unwrap();
     for (i, m) in queued.iter_mut().enumerate() {
@@ -153,8 +138,7 @@ fn a_kernel_that_hands_everything_back_yields_between_attempts() {
 #[test]
 fn different_keys_do_not_wait_for_each_other() {
     let lanes = lanes(TestKernel::new());
-    let mut blocked = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    blocked.pending();
+    let mut blocked = waiting(&lanes, 1, op(1, Op::Block(1)));
     // Key 2 runs while key 1 is stuck in the kernel.
     let mut other = Manual::new(lanes.execute(2, cmd(2)));
     assert_eq!(other.ready().unwrap(), 20);

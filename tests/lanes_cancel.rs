@@ -13,8 +13,7 @@ fn leader_dropped_mid_batch_others_get_results_once() {
     let k = lanes.kernel();
 
     // A leads batch [A], blocked on gate 1.
-    let mut a = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    a.pending();
+    let mut a = waiting(&lanes, 1, op(1, Op::Block(1)));
     // B, C, D queue behind it.
     let mut b = Manual::new(lanes.execute(1, op(2, Op::Block(2))));
     let mut c = Manual::new(lanes.execute(1, cmd(3)));
@@ -45,8 +44,7 @@ fn leader_dropped_mid_batch_others_get_results_once() {
     // B's command ran exactly once (it was in the batch); nothing else ran.
     assert_eq!(k.decided_ids(), vec![1, 2, 3, 4]);
     assert_eq!(k.batch_ids(), vec![vec![1], vec![2, 3, 4]]);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
     assert!(!k.overlap.load(std::sync::atomic::Ordering::SeqCst));
 }
 
@@ -55,10 +53,8 @@ fn every_member_dropped_next_caller_drives_the_orphan_then_its_own() {
     let lanes = lanes(TestKernel::new());
     let k = lanes.kernel();
 
-    let mut a = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    a.pending();
-    let mut b = Manual::new(lanes.execute(1, cmd(2)));
-    b.pending();
+    let a = waiting(&lanes, 1, op(1, Op::Block(1)));
+    let b = waiting(&lanes, 1, cmd(2));
     // Both go away; A's batch is orphaned in the kernel, B's command withdrawn.
     drop(a);
     drop(b);
@@ -69,8 +65,7 @@ fn every_member_dropped_next_caller_drives_the_orphan_then_its_own() {
     // The next caller of the key drives the orphaned batch to its end first,
     // yields once (it drove someone else's batch in this poll), then leads
     // its own.
-    let mut e = Manual::new(lanes.execute(1, cmd(5)));
-    e.pending();
+    let mut e = waiting(&lanes, 1, cmd(5));
     assert_eq!(k.batch_ids(), vec![vec![1]]);
     assert_eq!(e.woken(), 1);
     assert_eq!(e.ready().unwrap(), 50);
@@ -79,16 +74,14 @@ fn every_member_dropped_next_caller_drives_the_orphan_then_its_own() {
         !k.saw(2),
         "a dropped queued command never reaches the kernel"
     );
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }
 
 #[test]
 fn queued_driver_dropped_before_forming_hands_the_lane_on() {
     let lanes = lanes(TestKernel::new());
     let k = lanes.kernel();
-    let mut a = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    a.pending();
+    let mut a = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut b = Manual::new(lanes.execute(1, cmd(2)));
     let mut c = Manual::new(lanes.execute(1, cmd(3)));
     b.pending();
@@ -107,8 +100,7 @@ fn queued_driver_dropped_before_forming_hands_the_lane_on() {
 fn member_dropped_mid_batch_result_is_discarded_not_lost() {
     let lanes = lanes(TestKernel::new());
     let k = lanes.kernel();
-    let mut a = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    a.pending();
+    let mut a = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut b = Manual::new(lanes.execute(1, op(2, Op::Block(2))));
     let mut c = Manual::new(lanes.execute(1, cmd(3)));
     b.pending();
@@ -120,16 +112,14 @@ fn member_dropped_mid_batch_result_is_discarded_not_lost() {
     k.open(2);
     assert_eq!(b.ready().unwrap(), 20);
     assert_eq!(k.decided_ids(), vec![1, 2, 3]);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }
 
 #[test]
 fn dropped_again_command_is_not_run_again() {
     let lanes = lanes(TestKernel::new());
     let k = lanes.kernel();
-    let mut a = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    a.pending();
+    let mut a = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut b = Manual::new(lanes.execute(1, op(2, Op::Block(2))));
     let mut c = Manual::new(lanes.execute(1, op(3, Op::AgainOnce)));
     let mut d = Manual::new(lanes.execute(1, cmd(4)));
@@ -153,8 +143,7 @@ fn dropped_again_command_is_not_run_again() {
 fn dropping_an_unpolled_future_costs_nothing() {
     let lanes = lanes(TestKernel::new());
     drop(lanes.execute(1, cmd(1)));
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
     assert!(lanes.kernel().batches().is_empty());
 }
 
@@ -162,8 +151,7 @@ fn dropping_an_unpolled_future_costs_nothing() {
 fn dropping_a_finished_but_unread_outcome_frees_everything() {
     let lanes = lanes(TestKernel::new());
     let k = lanes.kernel();
-    let mut a = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    a.pending();
+    let mut a = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut b = Manual::new(lanes.execute(1, cmd(2)));
     let mut c = Manual::new(lanes.execute(1, cmd(3)));
     b.pending();
@@ -174,6 +162,5 @@ fn dropping_a_finished_but_unread_outcome_frees_everything() {
     assert_eq!(c.woken(), 1, "C's outcome is waiting for it");
     drop(c);
     assert_eq!(k.decided_ids(), vec![1, 2, 3]);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }

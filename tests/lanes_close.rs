@@ -13,10 +13,8 @@ use lanes_support::*;
 #[test]
 fn close_refuses_at_once_and_waits_for_what_was_taken() {
     let lanes = Arc::new(lanes(TestKernel::new()));
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
-    let mut queued = Manual::new(lanes.execute(1, cmd(2)));
-    queued.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
+    let mut queued = waiting(&lanes, 1, cmd(2));
 
     let mut close = Manual::new(lanes.close(Duration::from_secs(3600)));
     assert!(lanes.is_closed(), "closed as soon as close is called");
@@ -65,8 +63,7 @@ fn close_drives_a_batch_whose_callers_all_left() {
     lanes.kernel().open(2); // nobody is polling it now
     assert!(lanes.close_blocking(Duration::from_secs(3600)));
     assert_eq!(lanes.kernel().decided_ids(), vec![1, 2]);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }
 
 #[test]
@@ -83,8 +80,7 @@ fn close_times_out_naming_the_busy_lanes() {
         })
         .build()
         .unwrap();
-    let mut stuck = Manual::new(lanes.execute(9, op(1, Op::Block(1))));
-    stuck.pending();
+    let mut stuck = waiting(&lanes, 9, op(1, Op::Block(1)));
     let mut close = Manual::new(lanes.close(Duration::from_secs(5)));
     close.pending();
     clock.advance(Duration::from_secs(4));
@@ -105,8 +101,7 @@ fn async_close_times_out_without_a_runtime_timer() {
         .on_event(|_| {})
         .build()
         .unwrap();
-    let mut stuck = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    stuck.pending();
+    let mut stuck = waiting(&lanes, 1, op(1, Op::Block(1)));
     // futures' block_on has no timer: the close future's own timer thread
     // wakes it at the deadline.
     assert!(!futures::executor::block_on(
@@ -120,10 +115,7 @@ fn async_close_times_out_without_a_runtime_timer() {
 
 #[test]
 fn close_under_tokio_with_live_callers() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
+    let rt = tokio_runtime();
     let lanes = Arc::new(
         Lanes::builder(TestKernel::yielding())
             .max_batch(4)

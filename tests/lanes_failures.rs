@@ -14,8 +14,7 @@ use lanes_support::*;
 fn a_panicking_batch_fails_its_commands_and_the_lane_goes_on() {
     let lanes = lanes(TestKernel::new());
     let k = lanes.kernel();
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut a = Manual::new(lanes.execute(1, cmd(2)));
     let mut b = Manual::new(lanes.execute(1, op(3, Op::Panic)));
     let mut c = Manual::new(lanes.execute(1, cmd(4)));
@@ -40,8 +39,7 @@ fn a_panicking_batch_fails_its_commands_and_the_lane_goes_on() {
     // The lane goes on.
     let mut d = Manual::new(lanes.execute(1, cmd(5)));
     assert_eq!(d.ready().unwrap(), 50);
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }
 
 #[test]
@@ -59,8 +57,7 @@ fn a_panic_in_execute_batch_itself_is_contained_too() {
 fn rejected_commands_and_failed_appends_reach_their_callers() {
     let lanes = lanes(TestKernel::new());
     let k = lanes.kernel();
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut ok = Manual::new(lanes.execute(1, cmd(2)));
     let mut rejected = Manual::new(lanes.execute(1, op(3, Op::Reject)));
     ok.pending();
@@ -74,8 +71,7 @@ fn rejected_commands_and_failed_appends_reach_their_callers() {
     );
 
     // One failing append fails every decided command of the batch.
-    let mut leader = Manual::new(lanes.execute(1, op(10, Op::Block(2))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(10, Op::Block(2)));
     let mut x = Manual::new(lanes.execute(1, cmd(11)));
     let mut y = Manual::new(lanes.execute(1, op(12, Op::FailAppend)));
     x.pending();
@@ -135,10 +131,8 @@ fn the_commit_hook_sees_each_batch_before_the_next_starts() {
         .build()
         .unwrap();
     let k = lanes.kernel();
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
-    let mut a = Manual::new(lanes.execute(1, cmd(2)));
-    a.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
+    let mut a = waiting(&lanes, 1, cmd(2));
     k.open(1);
     // The hook ran for [1] before the leader got its outcome, and before
     // the next batch [2] could start.
@@ -148,8 +142,7 @@ fn the_commit_hook_sees_each_batch_before_the_next_starts() {
     assert_eq!(seen.lock().unwrap().len(), 2);
 
     // A batch whose append failed is not shown to the hook.
-    let mut leader = Manual::new(lanes.execute(1, op(5, Op::Block(2))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(5, Op::Block(2)));
     let mut b = Manual::new(lanes.execute(1, op(3, Op::FailAppend)));
     let mut c = Manual::new(lanes.execute(1, cmd(4)));
     b.pending();
@@ -228,6 +221,5 @@ fn a_kernel_breaking_the_contract_fails_its_batch_clearly() {
         e.into_panic().unwrap().message(),
         "kernel broke the BatchResult contract: 0 outcomes and 0 again commands for a batch of 1 commands"
     );
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(&lanes);
 }

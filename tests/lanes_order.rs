@@ -56,16 +56,12 @@ fn check_run(lanes: &Lanes<TestKernel>, max_batch: usize, ok: &HashSet<u64>) {
     for (_, batch) in k.batches() {
         assert!(!batch.is_empty() && batch.len() <= max_batch);
     }
-    assert_eq!(lanes.in_flight(), 0);
-    assert_eq!(lanes.lanes_alive(), 0);
+    assert_idle(lanes);
 }
 
 #[test]
 fn tokio_many_callers_keep_per_key_order() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
+    let rt = tokio_runtime();
     let lanes = Arc::new(
         Lanes::builder(TestKernel::yielding())
             .max_batch(8)
@@ -155,10 +151,7 @@ impl XorShift {
 
 #[test]
 fn callers_giving_up_at_random_points_lose_nothing() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
+    let rt = tokio_runtime();
     let lanes = Arc::new(
         Lanes::builder(TestKernel::yielding())
             .max_batch(4)
@@ -251,10 +244,7 @@ fn commit_hook_runs_between_a_batch_and_the_next_of_its_key() {
             .build()
             .unwrap(),
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
+    let rt = tokio_runtime();
     rt.block_on(async {
         let tasks: Vec<_> = (0..8u64)
             .map(|c| {

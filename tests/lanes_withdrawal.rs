@@ -24,8 +24,7 @@ fn with_clock() -> (Lanes<TestKernel>, ManualClock) {
 fn deadline_passed_at_batch_formation_withdraws_the_command() {
     let (lanes, clock) = with_clock();
     let k = lanes.kernel();
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut next = Manual::new(lanes.execute(1, cmd(2)));
     let deadline = clock.now() + Duration::from_secs(1);
     let mut late = Manual::new(lanes.execute_with_deadline(1, cmd(3), deadline));
@@ -53,8 +52,7 @@ fn deadline_passed_at_batch_formation_withdraws_the_command() {
 #[test]
 fn deadline_is_checked_when_the_caller_is_polled() {
     let (lanes, clock) = with_clock();
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut late = Manual::new(lanes.execute_with_deadline(
         1,
         cmd(2),
@@ -74,8 +72,7 @@ fn deadline_is_checked_when_the_caller_is_polled() {
 #[test]
 fn a_leader_past_its_deadline_withdraws_and_passes_the_lane_on() {
     let (lanes, clock) = with_clock();
-    let mut first = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    first.pending();
+    let mut first = waiting(&lanes, 1, op(1, Op::Block(1)));
     let mut head =
         Manual::new(lanes.execute_with_deadline(1, cmd(2), clock.now() + Duration::from_millis(5)));
     let mut behind = Manual::new(lanes.execute(1, cmd(3)));
@@ -120,8 +117,7 @@ fn an_expired_deadline_before_entering_is_withdrawn_at_once() {
 #[test]
 fn blocking_wait_withdraws_at_its_timeout() {
     let lanes = lanes(TestKernel::new());
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
     // The gate opens only after the blocking call returned, so the call can
     // only return by withdrawing its own command.
     let e = lanes
@@ -140,8 +136,7 @@ fn blocking_wait_withdraws_at_its_timeout() {
 #[test]
 fn blocking_caller_behind_a_blocked_leader_gets_its_result() {
     let lanes = Arc::new(lanes(TestKernel::new()));
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
     let l2 = Arc::clone(&lanes);
     let t = std::thread::spawn(move || l2.execute_blocking(1, cmd(2), Duration::from_secs(60)));
     while lanes.in_flight() < 2 {
@@ -157,10 +152,8 @@ fn blocking_caller_behind_a_blocked_leader_gets_its_result() {
 #[test]
 fn dropped_queued_future_is_withdrawn() {
     let lanes = lanes(TestKernel::new());
-    let mut leader = Manual::new(lanes.execute(1, op(1, Op::Block(1))));
-    leader.pending();
-    let mut gone = Manual::new(lanes.execute(1, cmd(2)));
-    gone.pending();
+    let mut leader = waiting(&lanes, 1, op(1, Op::Block(1)));
+    let gone = waiting(&lanes, 1, cmd(2));
     assert_eq!(lanes.in_flight(), 2);
     drop(gone);
     assert_eq!(lanes.in_flight(), 1);

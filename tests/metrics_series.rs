@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use common::{eventually, Gate};
+use common::{eventually, shutdown_now_elsewhere, Gate};
 use keyed_executor::lanes::{BatchResult, Clock, Kernel, LaneError, Lanes, ManualClock};
 use keyed_executor::limit::InFlightLimit;
 use keyed_executor::{handler, KeyedExecutor, SubmitError, TaskError};
@@ -176,10 +176,7 @@ fn every_executor_series_with_exact_counts_after_a_scripted_workload() {
     }
     // A force stop hands the three back and cancels the forever future;
     // the blocked message finishes.
-    let stopper = {
-        let executor = executor.clone();
-        std::thread::spawn(move || executor.shutdown_now())
-    };
+    let stopper = shutdown_now_elsewhere(&executor);
     eventually("the stop handed the queue back", || {
         executor.stats().rejected == 3
     });

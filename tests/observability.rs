@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, Gate};
+use common::{eventually, shutdown_now_elsewhere, Gate};
 use futures::channel::oneshot;
 use keyed_executor::{handler, KeyedExecutor, TaskError, WorkerState};
 
@@ -128,10 +128,7 @@ fn stats_count_every_outcome() {
 
     // Force stop from another thread while key 0 still runs: the three
     // queued messages come back; the running one finishes.
-    let stopper = {
-        let executor = executor.clone();
-        std::thread::spawn(move || executor.shutdown_now())
-    };
+    let stopper = shutdown_now_elsewhere(&executor);
     eventually("the stop handed the queue back", || {
         executor.stats().rejected == 3
     });

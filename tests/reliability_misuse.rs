@@ -141,12 +141,7 @@ fn all_methods_refuse(r: &Receiver<u32, Msg, u32>, live: &Live) {
 fn submitting_after_either_stop_or_the_last_drop_hands_the_message_back() {
     for how in 0..3 {
         let live = Live::new();
-        let prefix = unique_prefix("rafter");
-        let executor = KeyedExecutor::builder()
-            .workers(2)
-            .thread_name(prefix.clone())
-            .build()
-            .unwrap();
+        let (executor, prefix) = named_executor("rafter", 2);
         let d = executor.dispatcher(handler::from_fn(|_: &u32, m: Msg| m.0));
         let r = d.receiver(4).unwrap();
         assert_eq!(
@@ -173,12 +168,7 @@ fn submitting_after_either_stop_or_the_last_drop_hands_the_message_back() {
 #[test]
 fn shutdown_from_inside_a_handler_starts_the_stop_and_never_deadlocks() {
     for force in [false, true] {
-        let prefix = unique_prefix("rins");
-        let executor = KeyedExecutor::builder()
-            .workers(1)
-            .thread_name(prefix.clone())
-            .build()
-            .unwrap();
+        let (executor, prefix) = named_executor("rins", 1);
         let slot: Arc<Mutex<Option<KeyedExecutor>>> = Arc::new(Mutex::new(None));
         let gate = Gate::new();
         let (s2, g2) = (slot.clone(), gate.clone());
@@ -249,12 +239,7 @@ fn shutdown_from_inside_a_handler_starts_the_stop_and_never_deadlocks() {
 
 #[test]
 fn the_last_handle_dropped_inside_a_handler_stops_the_pool_without_a_deadlock() {
-    let prefix = unique_prefix("rlast");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rlast", 2);
     let slot: Arc<Mutex<Option<KeyedExecutor>>> = Arc::new(Mutex::new(None));
     let s2 = slot.clone();
     let d = executor.dispatcher(handler::from_fn(move |_: &u32, m: u32| {
@@ -272,12 +257,7 @@ fn the_last_handle_dropped_inside_a_handler_stops_the_pool_without_a_deadlock() 
 
 #[test]
 fn a_handler_blocking_its_thread_stalls_only_itself_and_the_stop_waits_for_it() {
-    let prefix = unique_prefix("rblk");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rblk", 2);
     let gate = Gate::new();
     let inside = Arc::new(AtomicBool::new(false));
     let (g, i) = (gate.clone(), inside.clone());
@@ -313,12 +293,7 @@ fn a_handler_blocking_its_thread_stalls_only_itself_and_the_stop_waits_for_it() 
 
 #[test]
 fn a_waker_kept_and_called_long_after_its_message_finished_is_harmless() {
-    let prefix = unique_prefix("rwak");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rwak", 2);
     let kept: Arc<Mutex<Vec<Waker>>> = Arc::default();
     let events = Events::new();
     let ev = events.add();
@@ -439,12 +414,7 @@ impl Drop for DropBomb {
 #[test]
 fn a_future_that_panics_on_drop_leaves_the_worker_alive_and_its_outcome_delivered() {
     quiet_injected_panics();
-    let prefix = unique_prefix("rfut");
-    let executor = KeyedExecutor::builder()
-        .workers(1)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rfut", 1);
     let events = Events::new();
     let ev = events.add();
     let e2 = events.clone();
@@ -470,19 +440,14 @@ fn a_future_that_panics_on_drop_leaves_the_worker_alive_and_its_outcome_delivere
 
 static BLOCKER_IN: AtomicBool = AtomicBool::new(false);
 
-/// Regression: an output (or a rejected message) whose `Drop` panics, dropped
-/// by the crate because nobody holds its completion, used to unwind into the
-/// worker (the thread died and the pool never stopped) or out of
-/// `shutdown_now` (the rest of the stop was skipped).
+/// An output (or a rejected message) whose `Drop` panics, dropped by the
+/// crate because nobody holds its completion, must not unwind into the
+/// worker (the thread would die and the pool never stop) or out of
+/// `shutdown_now` (the rest of the stop would be skipped).
 #[test]
 fn outputs_and_messages_that_panic_on_drop_do_not_kill_workers_or_stops() {
     quiet_injected_panics();
-    let prefix = unique_prefix("rdrop");
-    let executor = KeyedExecutor::builder()
-        .workers(1)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rdrop", 1);
     let gate = Gate::new();
     let first = Gate::new();
     let (g, g1) = (gate.clone(), first.clone());
@@ -549,18 +514,13 @@ impl Hash for BadHash {
     }
 }
 
-/// Regression: a `Hash` that panicked inside `try_submit` kept the credit
-/// unit it had taken, so `max_in_flight` such panics made the receiver refuse
-/// every key forever (`Full`).
+/// A `Hash` that panics inside `try_submit` gives back the credit unit it
+/// took: otherwise `max_in_flight` such panics would make the receiver
+/// refuse every key forever (`Full`).
 #[test]
 fn a_key_whose_hash_panics_fails_its_own_submission_and_nothing_else() {
     quiet_injected_panics();
-    let prefix = unique_prefix("rhash");
-    let executor = KeyedExecutor::builder()
-        .workers(1)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rhash", 1);
     let log = Arc::new(Mutex::new(Vec::new()));
     let l2 = log.clone();
     let gate = Gate::new();
@@ -597,9 +557,9 @@ fn a_key_whose_hash_panics_fails_its_own_submission_and_nothing_else() {
         assert_eq!(h.wait().unwrap(), m);
     }
     // A `Hash` that panics while a runner retires the key's mailbox (on the
-    // worker): contained; the mailbox stays pinned and idle (the pin goes
-    // before the mailbox closes), and the next submission of that key
-    // revives it.
+    // worker): contained; the mailbox stays idle in its port's map (it
+    // leaves the map before it closes), and the next submission of that
+    // key revives it.
     let held = r.submit_blocking(BadHash(5), 1000).unwrap();
     eventually("running", || d.live_mailboxes() == 1);
     HASH_PANICS.store(true, SeqCst);
@@ -643,12 +603,7 @@ impl Hash for NanKey {
 
 #[test]
 fn a_key_whose_eq_is_inconsistent_gets_no_order_but_other_keys_keep_theirs() {
-    let prefix = unique_prefix("req");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("req", 2);
     let log: Arc<Mutex<HashMap<u32, Vec<u32>>>> = Arc::default();
     let l2 = log.clone();
     let handler_live = Live::new();
@@ -682,9 +637,10 @@ fn a_key_whose_eq_is_inconsistent_gets_no_order_but_other_keys_keep_theirs() {
     eventually("workers gone", || threads_named(&prefix) == 0);
 }
 
-/// Regression: a `Hash` that panicked inside `Lanes::execute` kept the
-/// command counted (and a unit of the node's in-flight limit), so `close`
-/// could never drain and the limit shrank for every `Lanes` sharing it.
+/// A `Hash` that panics inside `Lanes::execute` leaves the command
+/// uncounted (and gives back its unit of the node's in-flight limit):
+/// otherwise `close` could never drain and the limit would shrink for
+/// every `Lanes` sharing it.
 #[test]
 fn lanes_key_whose_hash_panics_fails_its_own_command_and_nothing_else() {
     quiet_injected_panics();

@@ -1,5 +1,5 @@
-//! Sources and components that stop on their own (issue: partition
-//! revocation, the commit point, the component lifecycle), through the
+//! Sources and components that stop on their own (partition revocation,
+//! the commit point, the component lifecycle), through the
 //! public API: a receiver's `close`, `shutdown`, `shutdown_async` and
 //! `shutdown_now` while other receivers on the same keys and workers go on;
 //! positions and `committable()`; a dispatcher's `shutdown` and
@@ -608,7 +608,7 @@ fn receiver_settings_are_validated_and_stops_are_idempotent() {
 
 /// The last unit of a source whose receivers are all gone comes back while
 /// a graceful stop waits with its workers parked: the stop is woken and
-/// drains (it used to wait out its whole timeout).
+/// drains, rather than waiting out its whole timeout.
 #[test]
 fn a_graceful_stop_ends_when_a_dropped_receivers_last_message_finishes() {
     for workers in [1, 2] {

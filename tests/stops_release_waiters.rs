@@ -476,47 +476,25 @@ fn close_releases_a_send_blocked_for_credit_with_its_own_message() {
     assert!(w.executor.shutdown(LONG));
 }
 
-#[test]
-fn receiver_close_releases_every_waiting_form() {
-    all_forms(Stop::ReceiverClose);
+/// One test per stop, each checking that the stop releases every waiting
+/// form ([`all_forms`]).
+macro_rules! each_stop_releases_every_waiting_form {
+    ($($name:ident: $stop:ident,)*) => {$(
+        #[test]
+        fn $name() {
+            all_forms(Stop::$stop);
+        }
+    )*};
 }
 
-#[test]
-fn receiver_shutdown_releases_every_waiting_form() {
-    all_forms(Stop::ReceiverShutdown);
-}
-
-#[test]
-fn receiver_shutdown_async_releases_every_waiting_form() {
-    all_forms(Stop::ReceiverShutdownAsync);
-}
-
-#[test]
-fn receiver_shutdown_now_releases_every_waiting_form() {
-    all_forms(Stop::ReceiverShutdownNow);
-}
-
-#[test]
-fn dispatcher_shutdown_releases_every_waiting_form() {
-    all_forms(Stop::DispatcherShutdown);
-}
-
-#[test]
-fn dispatcher_shutdown_now_releases_every_waiting_form() {
-    all_forms(Stop::DispatcherShutdownNow);
-}
-
-#[test]
-fn executor_shutdown_releases_every_waiting_form() {
-    all_forms(Stop::ExecutorShutdown);
-}
-
-#[test]
-fn executor_shutdown_now_releases_every_waiting_form() {
-    all_forms(Stop::ExecutorShutdownNow);
-}
-
-#[test]
-fn dropping_the_last_executor_handle_releases_every_waiting_form() {
-    all_forms(Stop::ExecutorDrop);
+each_stop_releases_every_waiting_form! {
+    receiver_close_releases_every_waiting_form: ReceiverClose,
+    receiver_shutdown_releases_every_waiting_form: ReceiverShutdown,
+    receiver_shutdown_async_releases_every_waiting_form: ReceiverShutdownAsync,
+    receiver_shutdown_now_releases_every_waiting_form: ReceiverShutdownNow,
+    dispatcher_shutdown_releases_every_waiting_form: DispatcherShutdown,
+    dispatcher_shutdown_now_releases_every_waiting_form: DispatcherShutdownNow,
+    executor_shutdown_releases_every_waiting_form: ExecutorShutdown,
+    executor_shutdown_now_releases_every_waiting_form: ExecutorShutdownNow,
+    dropping_the_last_executor_handle_releases_every_waiting_form: ExecutorDrop,
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use keyed_executor::{handler, KeyedExecutor, SubmitError};
+use keyed_executor::{handler, SubmitError};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -19,12 +19,7 @@ fn a_producer_far_faster_than_the_handlers_is_held_to_the_credit() {
     const MAX: usize = 32;
     const PRODUCERS: usize = 4;
     let per_producer = env_u64("KEYED_OVERLOAD", 5000);
-    let prefix = unique_prefix("rovl");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rovl", 2);
     let live = Live::new();
     let outs = Live::new();
     let o2 = outs.clone();
@@ -109,12 +104,7 @@ fn a_producer_far_faster_than_the_handlers_is_held_to_the_credit() {
 #[test]
 fn a_full_receiver_refuses_at_once_with_the_very_message() {
     const MAX: usize = 8;
-    let prefix = unique_prefix("rfull");
-    let executor = KeyedExecutor::builder()
-        .workers(2)
-        .thread_name(prefix.clone())
-        .build()
-        .unwrap();
+    let (executor, prefix) = named_executor("rfull", 2);
     let live = Live::new();
     let gate = Gate::new();
     let g = gate.clone();

@@ -16,12 +16,7 @@ use keyed_executor::{handler, KeyedExecutor};
 fn graceful_stop_never_strands_a_parked_worker() {
     let rounds = env_u64("KEYED_STOP_ROUNDS", 3000);
     for round in 0..rounds {
-        let prefix = unique_prefix("rst");
-        let executor = KeyedExecutor::builder()
-            .workers(3)
-            .thread_name(prefix.clone())
-            .build()
-            .unwrap();
+        let (executor, prefix) = named_executor("rst", 3);
         let d = executor.dispatcher(handler::from_async_fn(|_k: u32, n: u32| async move {
             if n % 2 == 0 {
                 YieldOnce(false).await;
@@ -43,13 +38,12 @@ fn graceful_stop_never_strands_a_parked_worker() {
     }
 }
 
-/// Regression: two force stops at once (a handler calling `shutdown_now`
-/// while other threads do too). One stop rejected the messages it had taken
-/// from a worker's inbox while another had already dropped the mailboxes'
-/// pins, so the worker could retire and free a mailbox the first stop was
-/// still reading (a use after free ThreadSanitizer caught in
-/// `reliability_executor`). Every message must end exactly once: ran, or
-/// handed back through `on_reject`.
+/// Two force stops at once (a handler calling `shutdown_now` while other
+/// threads do too): one stop may still be rejecting the messages it took
+/// from a port's inbox while another has already emptied the port's map,
+/// and no worker may retire and free a mailbox that a stop still reads.
+/// Every message must end exactly once: ran, or handed back through
+/// `on_reject`.
 #[test]
 fn concurrent_force_stops_hand_back_every_message_once() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -57,12 +51,7 @@ fn concurrent_force_stops_hand_back_every_message_once() {
 
     let rounds = env_u64("KEYED_STOP_ROUNDS", 3000) / 10;
     for round in 0..rounds.max(20) {
-        let prefix = unique_prefix("rfs");
-        let executor = KeyedExecutor::builder()
-            .workers(2)
-            .thread_name(prefix.clone())
-            .build()
-            .unwrap();
+        let (executor, prefix) = named_executor("rfs", 2);
         // 0 = not seen, 1 = ran, 2 = handed back; anything else: ended twice.
         let ends: Arc<Vec<AtomicUsize>> = Arc::new((0..400).map(|_| AtomicUsize::new(0)).collect());
         let stop_from_handler: Arc<Mutex<Option<KeyedExecutor>>> =

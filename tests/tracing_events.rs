@@ -8,10 +8,13 @@
 //! ```
 #![cfg(feature = "tracing")]
 
+mod common;
+
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::shutdown_now_elsewhere;
 use futures::task::SpawnExt;
 use keyed_executor::lanes::{BatchResult, Kernel, Lanes};
 use keyed_executor::{handler, KeyedExecutor, TaskError};
@@ -188,10 +191,7 @@ fn spans_and_events() {
     assert!(!executor.shutdown(Duration::from_millis(10)));
     let seen = capture.take();
     assert!(find(&seen, Level::WARN, "graceful shutdown timed out").is_some());
-    let stopper = {
-        let executor = executor.clone();
-        std::thread::spawn(move || executor.shutdown_now())
-    };
+    let stopper = shutdown_now_elsewhere(&executor);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while executor.stats().rejected < 3 {
         assert!(std::time::Instant::now() < deadline);

@@ -27,7 +27,9 @@ use std::sync::atomic::{AtomicUsize as StdCounter, Ordering::SeqCst};
 use std::sync::Arc as StdArc;
 use std::task::{Context, Poll, Waker};
 
-use common::{assert_all_seen, executor, model, scripted, Fixed, Gate, Log, Msg, LONG};
+use common::{
+    assert_all_seen, executor, model, scripted, scripted_receiver, Fixed, Gate, Log, Msg, LONG,
+};
 use keyed_executor::{handler, SubmitError};
 use loom::future::block_on;
 use loom::sync::atomic::AtomicBool;
@@ -213,8 +215,7 @@ fn stop_vs_blocked_submit(
         let log = Log::new();
         let gate = Gate::new();
         let ex = executor(1, 16);
-        let d = scripted(&ex, &log);
-        let r = d.receiver(1).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 1);
         let first = r.submit_blocking(0, Msg::gated(1, &gate)).unwrap();
         let r = StdArc::new(r);
         let began = std::sync::Arc::new(AtomicBool::new(false));

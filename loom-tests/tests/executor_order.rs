@@ -11,7 +11,10 @@
 
 mod common;
 
-use common::{conserving, executor, model, Event, Fixed, Log, Msg, Script, LONG};
+use common::{
+    assert_nothing_left, conserving, executor, model, scripted_receiver, Event, Fixed, Log, Msg,
+    Script, LONG,
+};
 use loom::thread;
 
 /// One worker, one key, two producers: a spawned thread submits 1 (which
@@ -24,11 +27,7 @@ fn two_producers_one_key() {
     model("two_producers_one_key", || {
         let log = Log::new();
         let ex = executor(1, 16);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .build();
-        let r = d.receiver(4).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 4);
         let r2 = r.clone();
         let producer = thread::spawn(move || {
             let a = r2.submit_blocking(0, Msg::yield_once(1)).unwrap();
@@ -79,7 +78,6 @@ fn retire_vs_submit() {
         assert!(ex.shutdown(LONG));
         log.assert_serial();
         assert!(log.position(Event::End(1)) < log.position(Event::Start(2)));
-        assert_eq!(d.live_mailboxes(), 0);
-        assert_eq!(r.in_flight(), 0);
+        assert_nothing_left(&d, &r);
     });
 }

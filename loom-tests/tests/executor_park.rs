@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{executor, model, Fixed, Log, Msg, Script, LONG};
+use common::{executor, model, scripted_receiver, Log, Msg, LONG};
 
 /// One worker; the main thread submits a message while the worker is
 /// anywhere between its start and its park, waits for it, then submits a
@@ -22,11 +22,7 @@ fn submit_vs_park() {
     model("submit_vs_park", || {
         let log = Log::new();
         let ex = executor(1, 16);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .build();
-        let r = d.receiver(4).unwrap();
+        let (_d, r) = scripted_receiver(&ex, &log, 4);
         assert_eq!(
             r.submit_blocking(0, Msg::now(1)).unwrap().wait().unwrap(),
             1

@@ -30,7 +30,8 @@
 mod common;
 
 use common::{
-    conserving, model, model_bounded, scripted, watching, Event, Gate, Latch, Log, Msg, LONG,
+    assert_nothing_left, conserving, model, model_bounded, scripted_receiver, watching, Event,
+    Gate, Latch, Log, Msg, LONG,
 };
 use keyed_executor::{KeyedExecutor, TaskError};
 use loom::thread;
@@ -53,8 +54,7 @@ fn takeover_vs_submit() {
     model_bounded("takeover_vs_submit", Some(1), || {
         let log = Log::new();
         let ex = watching(2, 16);
-        let d = scripted(&ex, &log);
-        let r = d.receiver(4).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 4);
         let latch = Latch::new();
         let first = r.submit_blocking(0, Msg::blocked(1, &latch)).unwrap();
         latch.wait_entered();
@@ -68,8 +68,7 @@ fn takeover_vs_submit() {
         assert!(ex.shutdown(LONG));
         log.assert_serial();
         assert!(log.position(Event::End(1)) < log.position(Event::Start(2)));
-        assert_eq!(d.live_mailboxes(), 0);
-        assert_eq!(r.in_flight(), 0);
+        assert_nothing_left(&d, &r);
     });
 }
 
@@ -102,8 +101,7 @@ fn watch_vs_park() {
             .loom_watchers()
             .build()
             .expect("executor");
-        let d = scripted(&ex, &log);
-        let r = d.receiver(4).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 4);
         let latch = Latch::new();
         let first = r.submit_blocking(0, Msg::blocked(1, &latch)).unwrap();
         let second = r.submit_blocking(1, Msg::now(2)).unwrap();
@@ -113,8 +111,7 @@ fn watch_vs_park() {
         assert_eq!(first.wait().unwrap(), 1);
         assert!(ex.shutdown(LONG));
         log.assert_serial();
-        assert_eq!(d.live_mailboxes(), 0);
-        assert_eq!(r.in_flight(), 0);
+        assert_nothing_left(&d, &r);
     });
 }
 
@@ -129,8 +126,7 @@ fn steal_vs_wake() {
     model("steal_vs_wake", || {
         let log = Log::new();
         let ex = conserving(2, 16);
-        let d = scripted(&ex, &log);
-        let r = d.receiver(4).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 4);
         let gate = Gate::new();
         let latch = Latch::new();
         let waiting = r.submit_blocking(1, Msg::gated(1, &gate)).unwrap();
@@ -145,8 +141,7 @@ fn steal_vs_wake() {
         assert!(ex.shutdown(LONG));
         log.assert_serial();
         assert_eq!(log.polls(1), 2);
-        assert_eq!(d.live_mailboxes(), 0);
-        assert_eq!(r.in_flight(), 0);
+        assert_nothing_left(&d, &r);
     });
 }
 
@@ -160,8 +155,7 @@ fn steal_vs_force_stop() {
     model("steal_vs_force_stop", || {
         let log = Log::new();
         let ex = conserving(2, 16);
-        let d = scripted(&ex, &log);
-        let r = d.receiver(4).unwrap();
+        let (_d, r) = scripted_receiver(&ex, &log, 4);
         let latch = Latch::new();
         let first = r.submit_blocking(0, Msg::blocked(1, &latch)).unwrap();
         latch.wait_entered();

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize as StdCounter, Ordering::Relaxed};
 use std::sync::Mutex as StdMutex;
 
 use common::{
-    assert_all_seen, batch_of_two_vs_stop, executor, model, Fixed, Gate, Log, Msg, Script,
-    BATCH_HOOKED, BATCH_RAN, BATCH_REFUSED, LONG,
+    assert_all_seen, assert_nothing_left, batch_of_two_vs_stop, executor, model, scripted_receiver,
+    Fixed, Gate, Log, Msg, Script, BATCH_HOOKED, BATCH_RAN, BATCH_REFUSED, LONG,
 };
 use keyed_executor::{SubmitError, TaskError};
 use loom::thread;
@@ -142,11 +142,7 @@ fn shutdown_vs_late_wake() {
         let log = Log::new();
         let gate = Gate::new();
         let ex = executor(1, 16);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .build();
-        let r = d.receiver(4).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 4);
         let first = r.submit_blocking(0, Msg::gated(1, &gate)).unwrap();
         let g = gate.clone();
         let waker = thread::spawn(move || g.open_and_wake(0));
@@ -160,8 +156,7 @@ fn shutdown_vs_late_wake() {
         waker.join().unwrap();
         gate.clear();
         assert_eq!(log.polls(1), 2);
-        assert_eq!(d.live_mailboxes(), 0);
-        assert_eq!(r.in_flight(), 0);
+        assert_nothing_left(&d, &r);
     });
 }
 
@@ -169,19 +164,14 @@ fn shutdown_vs_late_wake() {
 /// (re-queued mid-way) and key 1's message 2 runs at once, on the other
 /// worker when the pool picks it, while the main thread stops. Each worker
 /// may see the last mailbox retire on the other one; both must still exit,
-/// so the stop returns `true`. (Before the fix in `worker.rs` a worker that
-/// checked "drained" just before the other retired the last mailbox parked
-/// forever here.)
+/// so the stop returns `true`: a worker that checked "drained" just before
+/// the other retired the last mailbox must not park for good.
 #[test]
 fn shutdown_two_workers() {
     model("shutdown_two_workers", || {
         let log = Log::new();
         let ex = executor(2, 16);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .build();
-        let r = d.receiver(4).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 4);
         let first = r.submit_blocking(0, Msg::yield_once(1)).unwrap();
         let second = r.submit_blocking(1, Msg::now(2)).unwrap();
         assert!(ex.shutdown(LONG), "drained and joined");

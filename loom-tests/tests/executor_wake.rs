@@ -19,7 +19,10 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize as StdCounter, Ordering::Relaxed, Ordering::SeqCst};
 
-use common::{assert_all_seen, executor, model, Event, Fixed, Gate, Latch, Log, Msg, Script, LONG};
+use common::{
+    assert_all_seen, assert_nothing_left, executor, model, scripted_receiver, Event, Gate, Latch,
+    Log, Msg, LONG,
+};
 use loom::sync::atomic::AtomicBool;
 use loom::sync::Arc;
 use loom::thread;
@@ -36,11 +39,7 @@ fn wake_during_and_after_poll() {
         let log = Log::new();
         let gate = Gate::new();
         let ex = executor(1, 16);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .build();
-        let r = d.receiver(4).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 4);
         let first = r.submit_blocking(0, Msg::gated(1, &gate)).unwrap();
         let g = gate.clone();
         let waker = thread::spawn(move || g.open_and_wake(1));
@@ -80,11 +79,7 @@ fn fairness_requeue_vs_wake() {
         let log = Log::new();
         let gate = Gate::new();
         let ex = executor(1, 1);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .build();
-        let r = d.receiver(4).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 4);
         let a1 = r.submit_blocking(0, Msg::gated(1, &gate)).unwrap();
         let g = gate.clone();
         let waker = thread::spawn(move || g.open_and_wake(1));
@@ -154,11 +149,7 @@ fn fairness_turn_mark_vs_push() {
         let log = Log::new();
         let latch = Latch::new();
         let ex = executor(1, 1);
-        let d = ex
-            .dispatcher_builder(Script::new(&log))
-            .hasher(Fixed::default())
-            .build();
-        let r = d.receiver(8).unwrap();
+        let (d, r) = scripted_receiver(&ex, &log, 8);
         let first = r.submit_blocking(2, Msg::blocked(1, &latch)).unwrap();
         latch.wait_entered();
         let second = r.submit_blocking(0, Msg::now(2)).unwrap();
@@ -192,8 +183,7 @@ fn fairness_turn_mark_vs_push() {
             );
         }
         MARK_VS_PUSH[usize::from(queued_before)].fetch_add(1, Relaxed);
-        assert_eq!(d.live_mailboxes(), 0);
-        assert_eq!(r.in_flight(), 0);
+        assert_nothing_left(&d, &r);
     });
     assert_all_seen(
         "fairness_turn_mark_vs_push",

@@ -27,7 +27,7 @@ use super::error::LaneError;
 use super::kernel::Kernel;
 #[cfg(doc)]
 use super::lane::Lane;
-use super::lane::{Driver, SlotId, Step};
+use super::lane::{Driver, Step, TicketId};
 use super::shared::{Driven, Shared};
 use crate::sync::Arc;
 
@@ -61,7 +61,7 @@ enum State<K: Kernel> {
     },
     Entered {
         lane: Arc<super::lane::Lane<K>>,
-        slot: SlotId,
+        ticket: TicketId,
     },
     Done,
 }
@@ -101,12 +101,12 @@ impl<K: Kernel> Future for Execute<K> {
                 unreachable!("checked above")
             };
             match this.shared.enter(key, command, this.deadline, cx.waker()) {
-                Ok((lane, slot)) => this.state = State::Entered { lane, slot },
+                Ok((lane, ticket)) => this.state = State::Entered { lane, ticket },
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
-        let (lane, slot) = match &this.state {
-            State::Entered { lane, slot } => (Arc::clone(lane), *slot),
+        let (lane, ticket) = match &this.state {
+            State::Entered { lane, ticket } => (Arc::clone(lane), *ticket),
             State::Done => panic!("`Execute` polled after completion"),
             State::Start { .. } => unreachable!("entered above"),
         };
@@ -115,13 +115,13 @@ impl<K: Kernel> Future for Execute<K> {
         loop {
             let now = shared.now();
             if this.deadline.is_some_and(|d| now >= d) {
-                if let Some(command) = shared.withdraw(&lane, slot) {
+                if let Some(command) = shared.withdraw(&lane, ticket) {
                     this.state = State::Done;
                     return Poll::Ready(Err(LaneError::Withdrawn(command)));
                 }
             }
             let (step, after) = lane.step(
-                slot,
+                ticket,
                 cx.waker(),
                 now,
                 shared.max_batch,
@@ -143,7 +143,7 @@ impl<K: Kernel> Future for Execute<K> {
                 Step::Drive(future) => future,
             };
             drove = true;
-            match shared.drive(&lane, future, cx, Driver::Caller(slot)) {
+            match shared.drive(&lane, future, cx, Driver::Caller(ticket)) {
                 Driven::Pending => return Poll::Pending,
                 Driven::Finished => continue,
             }
@@ -153,8 +153,8 @@ impl<K: Kernel> Future for Execute<K> {
 
 impl<K: Kernel> Drop for Execute<K> {
     fn drop(&mut self) {
-        if let State::Entered { lane, slot } = &self.state {
-            self.shared.abandon(lane, *slot);
+        if let State::Entered { lane, ticket } = &self.state {
+            self.shared.abandon(lane, *ticket);
         }
     }
 }

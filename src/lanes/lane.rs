@@ -7,7 +7,7 @@
 //! runs (kernel, hooks, clock, wakers, drops of commands or outputs: those
 //! are handed out in an [`After`] and run after unlocking).
 //!
-//! # Slots (one per caller)
+//! # Tickets (one per caller)
 //!
 //! ```text
 //!            enter             batch formed               batch finished
@@ -22,17 +22,17 @@
 //!   caller (`enter`); left by the driver forming a batch (`step`), by the
 //!   caller withdrawing itself (`withdraw`) or dropping (`abandon`).
 //! - `InBatch`: its command is inside the running batch; only the batch's end
-//!   (`finish`) moves it on. If its caller drops meanwhile the slot is marked
+//!   (`finish`) moves it on. If its caller drops meanwhile the ticket is marked
 //!   `abandoned` and `finish` throws its outcome away (or drops its `again`
 //!   command): the batch still runs to its end.
 //! - `Done(outcome)`: waiting for its caller to take it (`step`), which
-//!   removes the slot.
+//!   removes the ticket.
 //!
 //! # The lane
 //!
 //! `batch` is `Idle` or `Running { members, future }`; `future` is `None`
 //! exactly while its driver is polling it or finishing it (outside the lock).
-//! `driver` names who moves the lane on: `Caller(slot)`, `Closer` (a `close`
+//! `driver` names who moves the lane on: `Caller(ticket)`, `Closer` (a `close`
 //! driving a batch nobody else waits for) or `Nobody`.
 //!
 //! Invariants (checked by the loom models in `loom-tests/tests/lanes.rs`):
@@ -54,7 +54,7 @@
 //!
 //! | transition | by | effect |
 //! |---|---|---|
-//! | `enter` | a new caller (shard lock held) | queue a slot; if `driver == Nobody` take the driving (idle lane: the caller leads; orphaned batch: it drives the batch) |
+//! | `enter` | a new caller (shard lock held) | queue a ticket; if `driver == Nobody` take the driving (idle lane: the caller leads; orphaned batch: it drives the batch) |
 //! | `step` | a caller, each poll | take a `Done` outcome; or, as driver: take the batch future to poll, or form a batch from the queue head (its own command first, then up to `max_batch - 1` behind it, never waiting for more; expired deadlines withdrawn on the way) |
 //! | `put_back` | the driver, poll returned `Pending` | the future goes back into the lane, where any later driver can poll it |
 //! | `finish` | the driver, future completed or panicked | outcomes to the prefix, `again` back to the queue head in order, `driver` = queue head (woken) or `Nobody` (lane dead) |
@@ -88,13 +88,13 @@ pub(crate) type KernelResult<K> =
 pub(crate) type BatchFuture<K> = Pin<Box<dyn Future<Output = KernelResult<K>> + Send + 'static>>;
 
 /// A caller's place in a lane.
-pub(crate) type SlotId = usize;
+pub(crate) type TicketId = usize;
 
 /// Who moves the lane on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Driver {
     Nobody,
-    Caller(SlotId),
+    Caller(TicketId),
     Closer,
 }
 
@@ -149,7 +149,7 @@ impl<K: Kernel> After<K> {
 /// Result of [`Lane::enter`].
 #[must_use]
 pub(crate) enum Enter<C> {
-    Queued(SlotId),
+    Queued(TicketId),
     /// At capacity; nothing changed.
     Full {
         command: C,
@@ -162,7 +162,7 @@ pub(crate) enum Enter<C> {
 /// Result of [`Lane::step`]: what the caller must do next.
 #[must_use]
 pub(crate) enum Step<K: Kernel> {
-    /// Its outcome; the slot is gone.
+    /// Its outcome; the ticket is gone.
     Ready(Outcome<K>),
     /// Nothing to do; its waker is registered.
     Wait,
@@ -176,14 +176,14 @@ pub(crate) enum Step<K: Kernel> {
     Yield,
 }
 
-enum SlotState<K: Kernel> {
+enum TicketState<K: Kernel> {
     Queued(K::Command),
     InBatch,
     Done(Outcome<K>),
 }
 
-struct Slot<K: Kernel> {
-    state: SlotState<K>,
+struct Ticket<K: Kernel> {
+    state: TicketState<K>,
     deadline: Option<Instant>,
     /// When it entered (for the metrics' lane wait; zero-sized without the
     /// `metrics` feature).
@@ -195,14 +195,14 @@ struct Slot<K: Kernel> {
 enum Batch<K: Kernel> {
     Idle,
     Running {
-        members: Vec<SlotId>,
+        members: Vec<TicketId>,
         future: Option<BatchFuture<K>>,
     },
 }
 
 struct LaneState<K: Kernel> {
-    slots: Slab<Slot<K>>,
-    queue: VecDeque<SlotId>,
+    tickets: Slab<Ticket<K>>,
+    queue: VecDeque<TicketId>,
     batch: Batch<K>,
     driver: Driver,
     dead: bool,
@@ -220,7 +220,7 @@ impl<K: Kernel> Lane<K> {
         Lane {
             key,
             state: Mutex::new(LaneState {
-                slots: Slab::new(),
+                tickets: Slab::new(),
                 queue: VecDeque::new(),
                 batch: Batch::Idle,
                 driver: Driver::Nobody,
@@ -257,8 +257,8 @@ impl<K: Kernel> Lane<K> {
                 retry_after,
             };
         }
-        let id = st.slots.insert(Slot {
-            state: SlotState::Queued(command),
+        let id = st.tickets.insert(Ticket {
+            state: TicketState::Queued(command),
             deadline,
             entered: crate::lanes::metrics::LaneStamp::new(now),
             waker: Some(waker.clone()),
@@ -271,10 +271,10 @@ impl<K: Kernel> Lane<K> {
         Enter::Queued(id)
     }
 
-    /// One poll's worth of progress for the caller owning `slot`.
+    /// One poll's worth of progress for the caller owning `ticket`.
     pub(crate) fn step(
         &self,
-        slot: SlotId,
+        ticket: TicketId,
         waker: &Waker,
         now: Instant,
         max_batch: usize,
@@ -284,10 +284,10 @@ impl<K: Kernel> Lane<K> {
         let mut after = After::new();
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let me = st.slots.get_mut(slot);
-        if matches!(me.state, SlotState::Done(_)) {
-            let Slot { state, .. } = st.slots.remove(slot);
-            let SlotState::Done(outcome) = state else {
+        let me = st.tickets.get_mut(ticket);
+        if matches!(me.state, TicketState::Done(_)) {
+            let Ticket { state, .. } = st.tickets.remove(ticket);
+            let TicketState::Done(outcome) = state else {
                 unreachable!("checked above")
             };
             return (Step::Ready(outcome), after);
@@ -296,7 +296,7 @@ impl<K: Kernel> Lane<K> {
             Some(w) if w.will_wake(waker) => {}
             _ => me.waker = Some(waker.clone()),
         }
-        if st.driver != Driver::Caller(slot) {
+        if st.driver != Driver::Caller(ticket) {
             return (Step::Wait, after);
         }
         match &mut st.batch {
@@ -308,7 +308,11 @@ impl<K: Kernel> Lane<K> {
             },
             Batch::Idle if !may_start => (Step::Yield, after),
             Batch::Idle => {
-                debug_assert_eq!(st.queue.front(), Some(&slot), "the leader heads the queue");
+                debug_assert_eq!(
+                    st.queue.front(),
+                    Some(&ticket),
+                    "the leader heads the queue"
+                );
                 let mut members = Vec::with_capacity(max_batch.min(st.queue.len()));
                 let mut commands = Vec::with_capacity(members.capacity());
                 let mut withdrawn = 0;
@@ -316,14 +320,14 @@ impl<K: Kernel> Lane<K> {
                     let Some(id) = st.queue.pop_front() else {
                         break;
                     };
-                    let s = st.slots.get_mut(id);
-                    let expired = id != slot && s.deadline.is_some_and(|d| now >= d);
-                    let state = std::mem::replace(&mut s.state, SlotState::InBatch);
-                    let SlotState::Queued(command) = state else {
-                        unreachable!("only queued slots are in the queue")
+                    let s = st.tickets.get_mut(id);
+                    let expired = id != ticket && s.deadline.is_some_and(|d| now >= d);
+                    let state = std::mem::replace(&mut s.state, TicketState::InBatch);
+                    let TicketState::Queued(command) = state else {
+                        unreachable!("only queued tickets are in the queue")
                     };
                     if expired {
-                        s.state = SlotState::Done(Err(LaneError::Withdrawn(command)));
+                        s.state = TicketState::Done(Err(LaneError::Withdrawn(command)));
                         after.wake.extend(s.waker.take());
                         withdrawn += 1;
                     } else {
@@ -395,14 +399,14 @@ impl<K: Kernel> Lane<K> {
                 released += decided;
                 after.finished = decided;
                 for (&id, command) in members[decided..].iter().zip(again).rev() {
-                    let s = st.slots.get_mut(id);
+                    let s = st.tickets.get_mut(id);
                     if s.abandoned {
-                        st.slots.remove(id);
+                        st.tickets.remove(id);
                         after.garbage.commands.push(command);
                         after.tally.withdrawn(1);
                         released += 1;
                     } else {
-                        s.state = SlotState::Queued(command);
+                        s.state = TicketState::Queued(command);
                         st.queue.push_front(id);
                     }
                 }
@@ -411,7 +415,7 @@ impl<K: Kernel> Lane<K> {
                 let message = panic.message().to_owned();
                 let mut original = Some(panic);
                 for &id in &members {
-                    let p = if st.slots.get_mut(id).abandoned {
+                    let p = if st.tickets.get_mut(id).abandoned {
                         Panic::new(Box::new(message.clone()))
                     } else {
                         original
@@ -431,7 +435,7 @@ impl<K: Kernel> Lane<K> {
             Some(&head) => {
                 st.driver = Driver::Caller(head);
                 if me != Driver::Caller(head) {
-                    after.wake.extend(st.slots.get_mut(head).waker.take());
+                    after.wake.extend(st.tickets.get_mut(head).waker.take());
                 }
             }
             None => {
@@ -445,55 +449,59 @@ impl<K: Kernel> Lane<K> {
 
     /// Withdraws a still queued command (its deadline passed). `None` if a
     /// batch already took it or it is done. Called under the shard lock.
-    pub(crate) fn withdraw(&self, slot: SlotId, acc: &Accounts) -> Option<(K::Command, After<K>)> {
+    pub(crate) fn withdraw(
+        &self,
+        ticket: TicketId,
+        acc: &Accounts,
+    ) -> Option<(K::Command, After<K>)> {
         let mut after = After::new();
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        if !matches!(st.slots.get_mut(slot).state, SlotState::Queued(_)) {
+        if !matches!(st.tickets.get_mut(ticket).state, TicketState::Queued(_)) {
             return None;
         }
-        let Slot { state, .. } = st.slots.remove(slot);
-        let SlotState::Queued(command) = state else {
+        let Ticket { state, .. } = st.tickets.remove(ticket);
+        let TicketState::Queued(command) = state else {
             unreachable!("checked above")
         };
-        st.queue.retain(|&id| id != slot);
+        st.queue.retain(|&id| id != ticket);
         after.drained |= acc.release(1);
         after.tally.withdrawn(1);
-        if st.driver == Driver::Caller(slot) {
+        if st.driver == Driver::Caller(ticket) {
             hand_off(st, &mut after);
         }
         Some((command, after))
     }
 
-    /// The caller owning `slot` went away (its future was dropped). Called
+    /// The caller owning `ticket` went away (its future was dropped). Called
     /// under the shard lock.
-    pub(crate) fn abandon(&self, slot: SlotId, acc: &Accounts) -> After<K> {
+    pub(crate) fn abandon(&self, ticket: TicketId, acc: &Accounts) -> After<K> {
         let mut after = After::new();
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let s = st.slots.get_mut(slot);
+        let s = st.tickets.get_mut(ticket);
         match s.state {
-            SlotState::Done(_) => {
-                let Slot { state, .. } = st.slots.remove(slot);
-                if let SlotState::Done(outcome) = state {
+            TicketState::Done(_) => {
+                let Ticket { state, .. } = st.tickets.remove(ticket);
+                if let TicketState::Done(outcome) = state {
                     after.garbage.outcomes.push(outcome);
                 }
             }
-            SlotState::InBatch => {
+            TicketState::InBatch => {
                 s.abandoned = true;
                 s.waker = None;
             }
-            SlotState::Queued(_) => {
-                let Slot { state, .. } = st.slots.remove(slot);
-                if let SlotState::Queued(command) = state {
+            TicketState::Queued(_) => {
+                let Ticket { state, .. } = st.tickets.remove(ticket);
+                if let TicketState::Queued(command) = state {
                     after.garbage.commands.push(command);
                 }
-                st.queue.retain(|&id| id != slot);
+                st.queue.retain(|&id| id != ticket);
                 after.drained |= acc.release(1);
                 after.tally.withdrawn(1);
             }
         }
-        if st.driver == Driver::Caller(slot) {
+        if st.driver == Driver::Caller(ticket) {
             hand_off(st, &mut after);
         }
         after
@@ -538,16 +546,16 @@ impl<K: Kernel> Lane<K> {
 /// Sets a member's outcome (or throws it away if its caller left).
 fn deliver<K: Kernel>(
     st: &mut LaneState<K>,
-    id: SlotId,
+    id: TicketId,
     outcome: Outcome<K>,
     after: &mut After<K>,
 ) {
-    let s = st.slots.get_mut(id);
+    let s = st.tickets.get_mut(id);
     if s.abandoned {
-        st.slots.remove(id);
+        st.tickets.remove(id);
         after.garbage.outcomes.push(outcome);
     } else {
-        s.state = SlotState::Done(outcome);
+        s.state = TicketState::Done(outcome);
         after.wake.extend(s.waker.take());
     }
 }
@@ -561,13 +569,13 @@ fn hand_off<K: Kernel>(st: &mut LaneState<K>, after: &mut After<K>) {
         Batch::Running { members, .. } => members
             .iter()
             .copied()
-            .find(|&id| !st.slots.get(id).abandoned),
+            .find(|&id| !st.tickets.get(id).abandoned),
         Batch::Idle => None,
     };
     match member.or_else(|| st.queue.front().copied()) {
         Some(next) => {
             st.driver = Driver::Caller(next);
-            after.wake.extend(st.slots.get_mut(next).waker.take());
+            after.wake.extend(st.tickets.get_mut(next).waker.take());
         }
         None => {
             st.driver = Driver::Nobody;
@@ -592,7 +600,7 @@ impl<K: Kernel> fmt::Debug for Lane<K> {
     }
 }
 
-/// A vector of slots with a free list; ids are stable while a slot lives.
+/// A vector of entries with a free list; ids are stable while an entry lives.
 struct Slab<T> {
     entries: Vec<Option<T>>,
     free: Vec<usize>,
@@ -620,15 +628,15 @@ impl<T> Slab<T> {
     }
 
     fn get(&self, id: usize) -> &T {
-        self.entries[id].as_ref().expect("live slot")
+        self.entries[id].as_ref().expect("live entry")
     }
 
     fn get_mut(&mut self, id: usize) -> &mut T {
-        self.entries[id].as_mut().expect("live slot")
+        self.entries[id].as_mut().expect("live entry")
     }
 
     fn remove(&mut self, id: usize) -> T {
-        let value = self.entries[id].take().expect("live slot");
+        let value = self.entries[id].take().expect("live entry");
         self.free.push(id);
         value
     }

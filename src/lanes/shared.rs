@@ -20,7 +20,7 @@ use super::error::{BusyReason, LaneError};
 use super::event::LanesEvent;
 use super::fatal::NodeFatals;
 use super::kernel::Kernel;
-use super::lane::{After, BatchFuture, Driver, Enter, Finished, Lane, SlotId};
+use super::lane::{After, BatchFuture, Driver, Enter, Finished, Lane, TicketId};
 use crate::error::Panic;
 use crate::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,8 +44,8 @@ pub(crate) type Classifier<K> = dyn Fn(&<K as Kernel>::Error) -> Option<String> 
 /// The event hook's type.
 pub(crate) type EventHook<K> = dyn Fn(&LanesEvent<'_, <K as Kernel>::Key>) + Send + Sync;
 
-/// A caller's place: its lane and its slot there.
-pub(crate) type Entered<K> = (Arc<Lane<K>>, SlotId);
+/// A caller's place: its lane and its ticket there.
+pub(crate) type Entered<K> = (Arc<Lane<K>>, TicketId);
 
 type Shard<K> = Mutex<HashMap<<K as Kernel>::Key, Arc<Lane<K>>>>;
 
@@ -177,9 +177,9 @@ impl<K: Kernel> Shared<K> {
                 .or_insert_with(|| Arc::new(Lane::new(key.clone())))
                 .clone();
             match lane.enter(command, deadline, waker, self.lane_capacity, now) {
-                Enter::Queued(slot) => {
+                Enter::Queued(ticket) => {
                     std::mem::forget(counted);
-                    return Ok((lane, slot));
+                    return Ok((lane, ticket));
                 }
                 Enter::Full {
                     command,
@@ -240,16 +240,16 @@ impl<K: Kernel> Shared<K> {
     }
 
     /// Withdraws a still queued command.
-    pub(crate) fn withdraw(&self, lane: &Arc<Lane<K>>, slot: SlotId) -> Option<K::Command> {
-        self.under_shard(lane, || match lane.withdraw(slot, &self.accounts) {
+    pub(crate) fn withdraw(&self, lane: &Arc<Lane<K>>, ticket: TicketId) -> Option<K::Command> {
+        self.under_shard(lane, || match lane.withdraw(ticket, &self.accounts) {
             Some((command, after)) => (Some(command), after),
             None => (None, After::new()),
         })
     }
 
     /// A caller's future was dropped.
-    pub(crate) fn abandon(&self, lane: &Arc<Lane<K>>, slot: SlotId) {
-        self.under_shard(lane, || ((), lane.abandon(slot, &self.accounts)));
+    pub(crate) fn abandon(&self, lane: &Arc<Lane<K>>, ticket: TicketId) {
+        self.under_shard(lane, || ((), lane.abandon(ticket, &self.accounts)));
     }
 
     /// `close` gives up driving `lane`.

@@ -21,12 +21,11 @@
 //!   touched, and each receiver's first message is timed) with a clock
 //!   reading; the worker reads the clock when the message starts and when
 //!   its step ends.
-//!   Three readings and three histogram records per sampled message, about
-//!   300 ns here with the Prometheus exporter: about 1 ns per message at the
-//!   default 1 in 256. The stamp (4 bytes: microseconds, modulo 2^32)
-//!   travels in the padding of the inbox slot and beside the envelope in a
-//!   mailbox's queue, never in the envelope: 8 more bytes per delivery cost
-//!   W1 more than everything else here together.
+//!   Three readings and three histogram records per sampled message
+//!   (see `DEFAULT_METRICS_SAMPLING` for what that costs). The stamp (4
+//!   bytes: microseconds, modulo 2^32) travels in the padding of the inbox
+//!   slot and beside the envelope in a mailbox's queue, never in the
+//!   envelope, whose size every delivery pays.
 //! - Gauges: `workers_parked` moves by ±1 around each park; a dispatcher's
 //!   `live_mailboxes` by the batched deltas above; each receiver's
 //!   `in_flight` is re-read (one load per receiver, under one lock) when a

@@ -12,13 +12,13 @@
 //! - `dispatcher/`: one handler, its keys' routes and its per-worker ports
 //!   (`mod.rs` the public `Dispatcher`; `route`, `submit`, `port`, `turn`,
 //!   `keys`, `outcome`, `stop`, `erased`, `hasher`).
-//! - `receiver.rs`: the sources that feed a dispatcher, with their credit.
+//! - `receiver/`: the sources that feed a dispatcher: the type, its builder,
+//!   admission and its futures.
 //! - `batch.rs`: a receiver's batched sends (`send_batch` and its forms).
 //! - `retry.rs`: retry policies: attempts, backoff, jitter, which failures
 //!   retry.
-//! - `source.rs`: a receiver's shared state: credit, positions, drains,
-//!   and whether it takes messages.
-//! - `commits.rs`: the commit point of a receiver that tracks commits.
+//! - `source/`: a receiver's shared state: credit, positions, drains,
+//!   whether it takes messages, and its commit point.
 //! - `mailbox/`: one key's queue and running future (`mod.rs`), its state
 //!   word (`state.rs`) and its runner (`run.rs`).
 //! - `worker/`: a worker's queues and state (`mod.rs`), its context
@@ -36,7 +36,6 @@
 //! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
 
 pub(crate) mod batch;
-pub(crate) mod commits;
 pub(crate) mod config;
 pub(crate) mod conserve;
 pub(crate) mod dispatcher;

@@ -5,6 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+mod yield_once;
+#[allow(unused_imports)]
+pub use yield_once::YieldOnce;
+
 /// Waits (without asserting on time) until `cond` holds; fails the test if it
 /// never does within a generous bound.
 pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
@@ -214,6 +218,28 @@ pub fn unique_prefix(tag: &str) -> String {
     name
 }
 
+/// An executor of `workers` threads named after a fresh
+/// [`unique_prefix`] of `tag` (so [`threads_named`] counts its threads
+/// alone), and that prefix.
+pub fn named_executor(tag: &str, workers: usize) -> (keyed_executor::KeyedExecutor, String) {
+    let prefix = unique_prefix(tag);
+    let executor = keyed_executor::KeyedExecutor::builder()
+        .workers(workers)
+        .thread_name(prefix.clone())
+        .build()
+        .unwrap();
+    (executor, prefix)
+}
+
+/// Calls `shutdown_now` on another thread: a force stop waits for the step
+/// that runs, which the test lets finish meanwhile.
+pub fn shutdown_now_elsewhere(
+    executor: &keyed_executor::KeyedExecutor,
+) -> std::thread::JoinHandle<()> {
+    let executor = executor.clone();
+    std::thread::spawn(move || executor.shutdown_now())
+}
+
 /// Counts live values of one kind: clone a [`Token`] into each value.
 #[derive(Clone, Default)]
 pub struct Live(Arc<AtomicUsize>);
@@ -400,23 +426,4 @@ pub fn spawn_firer(
             }
         }
     })
-}
-
-/// A future that returns `Pending` once, waking itself first.
-pub struct YieldOnce(pub bool);
-
-impl std::future::Future for YieldOnce {
-    type Output = ();
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.0 {
-            std::task::Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    }
 }

@@ -6,6 +6,10 @@
 //! gate the test opens). Tests assert on these records, never on time.
 #![allow(dead_code)]
 
+#[path = "../common/yield_once.rs"]
+mod yield_once;
+pub use yield_once::YieldOnce;
+
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
@@ -89,22 +93,6 @@ impl Gate {
             if !st.1.iter().any(|w| w.will_wake(cx.waker())) {
                 st.1.push(cx.waker().clone());
             }
-            Poll::Pending
-        }
-    }
-}
-
-/// Returns `Pending` once (waking itself), then `Ready`.
-pub struct YieldNow(bool);
-
-impl Future for YieldNow {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
             Poll::Pending
         }
     }
@@ -240,7 +228,7 @@ impl Kernel for TestKernel {
                 }
             }
             if self.yield_inside.load(Ordering::SeqCst) {
-                YieldNow(false).await;
+                YieldOnce(false).await;
             }
             let mut outcomes = Vec::new();
             let mut fail_append = false;
@@ -328,8 +316,35 @@ impl<F: Future> Manual<F> {
     }
 }
 
+/// A caller of `lanes` with `command` for `key`, polled once: it waits (in
+/// the queue, or leading a batch that has not finished).
+pub fn waiting<K: Kernel>(
+    lanes: &Lanes<K>,
+    key: K::Key,
+    command: K::Command,
+) -> Manual<keyed_executor::lanes::Execute<K>> {
+    let mut caller = Manual::new(lanes.execute(key, command));
+    caller.pending();
+    caller
+}
+
+/// Lanes over `kernel` with the default settings.
 pub fn lanes(kernel: TestKernel) -> Lanes<TestKernel> {
     Lanes::builder(kernel).build().unwrap()
+}
+
+/// Nothing is left: no command counted in flight, no lane alive.
+pub fn assert_idle<K: Kernel>(lanes: &Lanes<K>) {
+    assert_eq!(lanes.in_flight(), 0);
+    assert_eq!(lanes.lanes_alive(), 0);
+}
+
+/// A tokio runtime of two worker threads, for callers on many tasks.
+pub fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap()
 }
 
 /// Checks that each key's decided ids keep every caller's own order: `seq`

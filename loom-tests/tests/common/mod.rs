@@ -86,6 +86,30 @@ pub fn scripted(
         .build()
 }
 
+/// A [`scripted`] dispatcher of `ex` and one receiver of `credit` units.
+pub fn scripted_receiver(
+    ex: &KeyedExecutor,
+    log: &std::sync::Arc<Log>,
+    credit: usize,
+) -> (
+    keyed_executor::Dispatcher<u8, Msg, u32>,
+    keyed_executor::Receiver<u8, Msg, u32>,
+) {
+    let d = scripted(ex, log);
+    let r = d.receiver(credit).expect("receiver");
+    (d, r)
+}
+
+/// Nothing is left of the model's work: `d` has no live mailbox and every
+/// unit of `r` came back.
+pub fn assert_nothing_left(
+    d: &keyed_executor::Dispatcher<u8, Msg, u32>,
+    r: &keyed_executor::Receiver<u8, Msg, u32>,
+) {
+    assert_eq!(d.live_mailboxes(), 0);
+    assert_eq!(r.in_flight(), 0);
+}
+
 /// Runs `f` in `loom::model` and prints the number of executions explored
 /// and the time taken.
 pub fn model<F>(name: &str, f: F)

@@ -2,47 +2,36 @@
 //! of `max_in_flight` unfinished messages, its positions and commit point,
 //! and its own stop.
 //!
-//! The shared state (credit word, positions, tags) is in `source.rs`.
+//! | file | holds |
+//! |---|---|
+//! | `mod.rs` | [`Receiver`], [`WeakReceiver`], and [`Core`]: what a receiver needs of its dispatcher |
+//! | `builder.rs` | [`ReceiverBuilder`] and the commit span's defaults |
+//! | `admit.rs` | how a message gets its unit of credit and is accepted; sending from a handler |
+//! | `future.rs` | [`SubmitFuture`], [`SendFuture`], [`ShutdownFuture`] |
 //!
-//! # Sending from a handler
-//!
-//! A handler that submits through a receiver of its own executor (a saga's
-//! next step, an event after a command) must never deadlock the pool by
-//! waiting for credit that only the pool can give back. So from inside a
-//! handler (its call, or any poll of its future, on a worker of the same
-//! executor) a submission never waits: it takes a unit of the receiver's
-//! credit if one is free; otherwise the running message *shares* its own
-//! unit with the follow-up, once per message (the unit comes back when the
-//! last of the two ends, and a follow-up may pass it on in turn);
-//! otherwise it is refused with `Full(msg)`. A chain of one follow-up per
-//! message thus needs no more credit than its first message held, a
-//! producer outside stays held back by the units the chain keeps out, and
-//! memory stays bounded by the credit (times the length of a chain whose
-//! messages all stay alive). Follow-ups are not held by the commit span
-//! either; their positions are tracked all the same.
-//!
-//! Why sharing rather than handing the unit over: a message that passed
-//! its unit on and then awaits something else would otherwise hold no
-//! unit, and a producer could start any number of such messages.
+//! What a receiver shares with its clones (credit, positions, stop flags,
+//! commit point) is a `Source` (`pool::source`); batched sends are in
+//! `pool::batch`.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::completion::{Completion, Slot};
-use crate::error::{ConfigError, SubmitError};
+use crate::completion::Completion;
+use crate::error::SubmitError;
 use crate::pool::executor::Shared;
-use crate::pool::mailbox::{Envelope, Held};
+use crate::pool::mailbox::Envelope;
 use crate::pool::observe::Identity;
-use crate::pool::source::{
-    wait_all_drained, Acquire, Acquired, Settings, SourceHandle, SourceRef, UnitRef, MAX_CREDIT,
-    MAX_SPAN,
-};
+use crate::pool::source::{wait_all_drained, Acquire, Settings, SourceHandle, SourceRef};
 use crate::pool::worker;
-use crate::sync::{thread, Arc};
-use crate::waiter::Waiter;
+use crate::sync::Arc;
+
+mod admit;
+mod builder;
+mod future;
+
+pub(in crate::pool) use admit::{give_back, task_waiter, Refused, Unit};
+pub use builder::{ReceiverBuilder, DEFAULT_COMMIT_SPAN_FACTOR, MIN_DEFAULT_COMMIT_SPAN};
+pub use future::{SendFuture, ShutdownFuture, SubmitFuture};
 
 /// A chunk of a batch on its way in: keys and their envelopes, in order.
 pub(crate) type Batch<K, M, O> = Vec<(K, Envelope<M, O>)>;
@@ -84,50 +73,6 @@ pub(crate) trait WeakCore<K, M, O>: Send + Sync {
     /// A strong handle, while any `Dispatcher` or `Receiver` handle lives.
     fn upgrade(&self) -> Option<Box<dyn Core<K, M, O>>>;
     fn clone_box(&self) -> Box<dyn WeakCore<K, M, O>>;
-}
-
-/// The default span of positions a receiver allows between its commit
-/// point and its newest message, as a multiple of its `max_in_flight`
-/// (see [`ReceiverBuilder::commit_span`]); never less than
-/// [`MIN_DEFAULT_COMMIT_SPAN`].
-///
-/// Large on purpose: a slow message holds the commit point while the keys
-/// behind it go on, and a span that fills stops the whole source (every
-/// key), which is what work conservation is there to avoid. At 1,024
-/// in flight and 180,000 msg/s, the default lets one message hold the
-/// commit point for about 0.36 s. A consumer that wants a shorter
-/// redelivery after a crash sets a smaller span.
-pub const DEFAULT_COMMIT_SPAN_FACTOR: usize = 64;
-
-/// The least default commit span (see [`DEFAULT_COMMIT_SPAN_FACTOR`]).
-#[cfg(not(loom))]
-pub const MIN_DEFAULT_COMMIT_SPAN: usize = 65536;
-/// The least default commit span (small under loom, where each slot of the
-/// window is a modelled atomic).
-#[cfg(loom)]
-pub const MIN_DEFAULT_COMMIT_SPAN: usize = 4;
-
-pub(super) fn task_waiter(waker: &Waker) -> impl Fn(&mut Option<Waiter>) + '_ {
-    move |slot| Waiter::register_task(slot, waker)
-}
-
-fn thread_waiter(slot: &mut Option<Waiter>) {
-    if !matches!(slot, Some(Waiter::Thread(_))) {
-        *slot = Some(Waiter::current_thread());
-    }
-}
-
-/// How often a thread waiting for a source to drain looks again on its own
-/// (it is also woken whenever a unit of the source comes back).
-const DRAIN_RECHECK: Duration = Duration::from_millis(1);
-
-/// The unit of credit a message about to be accepted holds.
-#[derive(Clone, Copy)]
-pub(super) enum Unit {
-    /// One of its own receiver's.
-    Own,
-    /// A share of the running message's, passed on to its follow-up.
-    Inherited(UnitRef),
 }
 
 /// A source of messages for one dispatcher, holding at most `max_in_flight`
@@ -207,146 +152,6 @@ pub struct Receiver<K, M, O> {
     pub(super) source: SourceHandle,
     /// Counts refusals (zero-sized without the `metrics` feature).
     pub(super) metrics: crate::pool::metrics::ReceiverMetrics,
-}
-
-/// Builds a [`Receiver`]: its credit and its commit span. Made by
-/// [`Dispatcher::receiver_builder`](crate::Dispatcher::receiver_builder).
-///
-/// ```
-/// use keyed_executor::{handler, KeyedExecutor};
-///
-/// let executor = KeyedExecutor::builder().workers(1).build()?;
-/// let dispatcher = executor.dispatcher(handler::from_fn(|_: &u8, n: u32| n));
-/// let partition = dispatcher
-///     .receiver_builder()
-///     .max_in_flight(64)
-///     .commit_span(1024)
-///     .build()?;
-/// assert_eq!(partition.commit_span(), 1024);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[must_use = "a builder does nothing until `build()` is called"]
-pub struct ReceiverBuilder<K, M, O> {
-    core: Box<dyn Core<K, M, O>>,
-    max_in_flight: usize,
-    commit_span: Option<usize>,
-    track_commits: bool,
-    name: Option<String>,
-}
-
-impl<K, M, O> ReceiverBuilder<K, M, O> {
-    pub(crate) fn new(core: Box<dyn Core<K, M, O>>) -> Self {
-        ReceiverBuilder {
-            core,
-            max_in_flight: crate::DEFAULT_MAX_IN_FLIGHT,
-            commit_span: None,
-            track_commits: false,
-            name: None,
-        }
-    }
-
-    /// The most unfinished messages (queued or running) the receiver
-    /// holds. Default [`DEFAULT_MAX_IN_FLIGHT`](crate::DEFAULT_MAX_IN_FLIGHT).
-    pub fn max_in_flight(mut self, n: usize) -> Self {
-        self.max_in_flight = n;
-        self
-    }
-
-    /// Whether the receiver keeps a commit point: it then records how each
-    /// message ended at its position, and [`Receiver::committable`] says
-    /// how many leading positions all finished — what a partitioned
-    /// consumer commits (a Kafka offset, a stream ID). Default `false`: a
-    /// receiver that does not track commits pays nothing per message for
-    /// it (its `committable()` is 0), which is what a source without
-    /// offsets wants. Positions are given out either way.
-    ///
-    /// Cost when on: a short lock per finished message, and one bit per
-    /// position that finished ahead of one still running (none while the
-    /// receiver is idle).
-    pub fn track_commits(mut self, on: bool) -> Self {
-        self.track_commits = on;
-        self
-    }
-
-    /// The most positions between the commit point and the newest one
-    /// accepted: when a slow message holds the commit point, the receiver
-    /// accepts this many messages past it, then submitters wait (as they
-    /// wait for credit) until it finishes — a consumer's uncommitted tail,
-    /// and what it redelivers after a crash, stays this short. Default
-    /// [`DEFAULT_COMMIT_SPAN_FACTOR`] × `max_in_flight`, at least
-    /// [`MIN_DEFAULT_COMMIT_SPAN`]; it must be at least `max_in_flight`.
-    /// Setting it turns [`track_commits`](Self::track_commits) on; without
-    /// commit tracking there is no cap. Memory: one bit per position that
-    /// finished ahead of the commit point, so at most `n / 8` bytes while
-    /// a slow message holds it.
-    ///
-    /// Messages a handler forwards by inheriting its own message's unit
-    /// are not held by the cap (a handler never waits).
-    pub fn commit_span(mut self, n: usize) -> Self {
-        self.commit_span = Some(n);
-        self.track_commits = true;
-        self
-    }
-
-    /// Its `receiver` label in the `keyed_executor_in_flight` series (with
-    /// the `metrics` feature) instead of its number in its dispatcher
-    /// (`"0"`, `"1"`, …). Name the receivers of sources that come and go
-    /// (a partition revoked and assigned again): the series is then reused
-    /// rather than a new one made each time. Without the feature the name
-    /// is not kept.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// The receiver.
-    ///
-    /// # Errors
-    /// [`ConfigError::ZeroMaxInFlight`], [`ConfigError::MaxInFlightTooLarge`],
-    /// [`ConfigError::InvalidCommitSpan`].
-    pub fn build(self) -> Result<Receiver<K, M, O>, ConfigError> {
-        let max = self.max_in_flight;
-        if max == 0 {
-            return Err(ConfigError::ZeroMaxInFlight);
-        }
-        if max > MAX_CREDIT {
-            return Err(ConfigError::MaxInFlightTooLarge {
-                got: max,
-                max: MAX_CREDIT,
-            });
-        }
-        let span = match self.commit_span {
-            Some(n) if n < max || n > MAX_SPAN => {
-                return Err(ConfigError::InvalidCommitSpan {
-                    got: n,
-                    min: max,
-                    max: MAX_SPAN,
-                })
-            }
-            Some(n) => n,
-            None => max
-                .saturating_mul(DEFAULT_COMMIT_SPAN_FACTOR)
-                .clamp(MIN_DEFAULT_COMMIT_SPAN, MAX_SPAN),
-        };
-        Ok(Receiver::new(
-            self.core,
-            max,
-            span,
-            self.track_commits,
-            self.name,
-        ))
-    }
-}
-
-impl<K, M, O> fmt::Debug for ReceiverBuilder<K, M, O> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReceiverBuilder")
-            .field("max_in_flight", &self.max_in_flight)
-            .field("commit_span", &self.commit_span)
-            .field("track_commits", &self.track_commits)
-            .field("name", &self.name)
-            .finish()
-    }
 }
 
 impl<K, M, O> Receiver<K, M, O> {
@@ -467,11 +272,7 @@ impl<K, M, O> Receiver<K, M, O> {
     /// resolves or is dropped.
     pub fn shutdown_async(&self, timeout: Duration) -> ShutdownFuture<'_, K, M, O> {
         self.close();
-        ShutdownFuture {
-            receiver: self,
-            deadline: Instant::now().checked_add(timeout),
-            timer: None,
-        }
+        ShutdownFuture::new(self, Instant::now().checked_add(timeout))
     }
 
     /// Stops this source now, on the calling thread, as the executor's force
@@ -526,11 +327,12 @@ impl<K, M, O> Receiver<K, M, O> {
     /// shutting down; from a handler, `Full(message)` when neither a unit
     /// of credit nor the running message's own is available.
     pub fn submit(&self, key: K, message: M) -> SubmitFuture<'_, K, M, O> {
-        SubmitFuture {
-            receiver: self,
-            item: Some((key, message)),
-            acquire: Acquire::new(self.source.source(), worker::flush_held_credit),
-        }
+        SubmitFuture::new(
+            self,
+            key,
+            message,
+            Acquire::new(self.source.source(), worker::flush_held_credit),
+        )
     }
 
     /// Submits `message` for `key`, blocking the current thread while the
@@ -597,147 +399,7 @@ impl<K, M, O> Receiver<K, M, O> {
     /// # Errors
     /// As for [`submit`](Self::submit).
     pub fn send_async(&self, key: K, message: M) -> SendFuture<'_, K, M, O> {
-        SendFuture {
-            inner: self.submit(key, message),
-        }
-    }
-
-    /// A unit without waiting: one of ours, else (from a handler) the
-    /// running message's.
-    #[inline]
-    pub(super) fn unit_now(&self) -> Result<Unit, Refused> {
-        let source = self.source.source();
-        if source.is_closed() || self.core.is_closed() {
-            return Err(Refused::Closed);
-        }
-        if source.try_acquire() {
-            return Ok(Unit::Own);
-        }
-        match worker::take_running_unit(self.core.shared().id()) {
-            Some(Some(unit)) => Ok(Unit::Inherited(unit)),
-            _ => Err(Refused::Full),
-        }
-    }
-
-    /// A unit, waiting for one outside a handler.
-    #[inline]
-    pub(super) fn unit_blocking(&self) -> Result<Unit, Refused> {
-        let source = self.source.source();
-        // With credit at hand the dispatcher's own check refuses a closed
-        // executor; without, look before anything else.
-        if source.try_acquire() {
-            return Ok(Unit::Own);
-        }
-        if source.is_closed() || self.core.is_closed() {
-            return Err(Refused::Closed);
-        }
-        match worker::take_running_unit(self.core.shared().id()) {
-            // In a handler: never wait (see the module docs).
-            Some(Some(unit)) => return Ok(Unit::Inherited(unit)),
-            Some(None) => return Err(Refused::Full),
-            None => {}
-        }
-        // Out of credit: a worker gives units back every few messages, so
-        // spin briefly before registering as a waiter; parking here makes
-        // every release of the next batch a futex wake (see BENCHMARKS.md,
-        // W1). Not under loom: the wait below is the protocol it checks.
-        #[cfg(not(loom))]
-        if source.spin_acquire(worker::flush_held_credit) {
-            return Ok(Unit::Own);
-        }
-        let mut acquire = Acquire::new(source, worker::flush_held_credit);
-        loop {
-            match acquire.poll(&thread_waiter, &|| self.refuses()) {
-                Acquired::Unit => return Ok(Unit::Own),
-                Acquired::Closed => return Err(Refused::Closed),
-                // Woken by a release, or by a stop (see `Acquire`).
-                Acquired::Waiting => thread::park(),
-            }
-        }
-    }
-
-    /// Whether the receiver, its dispatcher or the executor refuses new
-    /// messages (SeqCst loads of the three flags).
-    #[inline]
-    pub(super) fn refuses(&self) -> bool {
-        self.source.source().is_closed() || self.core.is_closed()
-    }
-
-    /// Enqueues a message holding `unit`. Returns its position and, if
-    /// `reply`, its completion slot.
-    fn enqueue(&self, key: K, message: M, reply: bool, unit: Unit) -> Accepted<O, M> {
-        /// Gives the unit back if the key's `Hash` panics in `enqueue`.
-        struct Unwind<'a> {
-            source: &'a SourceHandle,
-            unit: Unit,
-        }
-        impl Drop for Unwind<'_> {
-            fn drop(&mut self) {
-                give_back(self.source.as_ref(), self.unit);
-            }
-        }
-        let slot = reply.then(|| Arc::new(Slot::new()));
-        let me = self.source.as_ref();
-        let held = match unit {
-            Unit::Own => UnitRef::plain(me),
-            Unit::Inherited(share) => {
-                // The message holds a share of another message's unit: it
-                // keeps this source alive with a handle count until it ends.
-                me.pin();
-                me.get().share_held();
-                share
-            }
-        };
-        let env = Envelope {
-            msg: message,
-            reply: slot.clone(),
-            held: Held::new(me, held),
-        };
-        // The key's `Hash` runs inside: if it panics, the panic goes to the
-        // caller with the message, and the unit comes back.
-        let unwind = Unwind {
-            source: &self.source,
-            unit,
-        };
-        let res = self.core.enqueue(key, env);
-        std::mem::forget(unwind);
-        match res {
-            Ok(position) => Ok((position, slot)),
-            Err(env) => {
-                give_back(me, unit);
-                Err(self.refused(SubmitError::Closed(env.msg)))
-            }
-        }
-    }
-}
-
-/// Undoes a unit taken for a message that was not accepted.
-pub(super) fn give_back(me: SourceRef, unit: Unit) {
-    match unit {
-        // SAFETY: the refused message held this unit.
-        Unit::Own => unsafe { me.release(1) },
-        Unit::Inherited(share) => {
-            me.get().share_ended();
-            // SAFETY: `enqueue` pinned us for the message.
-            unsafe { me.unpin() };
-            worker::give_back_running_unit(share);
-        }
-    }
-}
-
-/// Why a submission was refused before it got a unit.
-#[derive(Clone, Copy)]
-pub(super) enum Refused {
-    Full,
-    Closed,
-}
-
-impl Refused {
-    fn with<M>(self, message: M) -> SubmitError<M> {
-        match self {
-            Refused::Full => SubmitError::Full(message),
-            Refused::Closed => SubmitError::Closed(message),
-        }
+        SendFuture::new(self.submit(key, message))
     }
 }
 
@@ -762,8 +424,6 @@ impl<K, M, O> fmt::Debug for Receiver<K, M, O> {
             .finish()
     }
 }
-
-type Accepted<O, M> = Result<(u64, Option<Arc<Slot<O, M>>>), SubmitError<M>>;
 
 /// A [`Receiver`] that keeps nothing alive: made by
 /// [`Receiver::downgrade`]. [`upgrade`](Self::upgrade) gives the receiver
@@ -834,138 +494,5 @@ impl<K, M, O> Clone for WeakReceiver<K, M, O> {
 impl<K, M, O> fmt::Debug for WeakReceiver<K, M, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WeakReceiver").finish_non_exhaustive()
-    }
-}
-
-/// Future of [`Receiver::submit`]: resolves to the message's [`Completion`]
-/// once credit was available and the message was accepted.
-#[must_use = "futures do nothing unless polled"]
-pub struct SubmitFuture<'a, K, M, O> {
-    receiver: &'a Receiver<K, M, O>,
-    item: Option<(K, M)>,
-    acquire: Acquire<'a>,
-}
-
-// The message is never pinned: it is moved out by value when submitted.
-impl<K, M, O> Unpin for SubmitFuture<'_, K, M, O> {}
-
-impl<K, M, O> SubmitFuture<'_, K, M, O> {
-    fn poll_submit(&mut self, cx: &mut Context<'_>, reply: bool) -> Poll<Accepted<O, M>> {
-        let Some((_, _)) = self.item.as_ref() else {
-            panic!("submit future polled after completion");
-        };
-        let r = self.receiver;
-        let source = r.source.source();
-        let unit = if source.is_closed() || r.core.is_closed() {
-            Err(Refused::Closed)
-        } else if worker::in_handler(r.core.shared().id()) {
-            // From a handler: never wait.
-            r.unit_now()
-        } else {
-            match self.acquire.poll(&task_waiter(cx.waker()), &|| r.refuses()) {
-                Acquired::Unit => Ok(Unit::Own),
-                Acquired::Closed => Err(Refused::Closed),
-                // Woken by a release, or by a stop (see `Acquire`).
-                Acquired::Waiting => return Poll::Pending,
-            }
-        };
-        let (key, msg) = self.item.take().expect("checked");
-        Poll::Ready(match unit {
-            Ok(unit) => r.enqueue(key, msg, reply, unit),
-            Err(refused) => Err(r.refused(refused.with(msg))),
-        })
-    }
-}
-
-impl<K, M, O> Future for SubmitFuture<'_, K, M, O> {
-    type Output = Result<Completion<O, M>, SubmitError<M>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.get_mut()
-            .poll_submit(cx, true)
-            .map(|r| r.map(|(p, c)| Completion::new(c.expect("reply requested"), p)))
-    }
-}
-
-impl<K, M, O> fmt::Debug for SubmitFuture<'_, K, M, O> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SubmitFuture")
-            .field("pending", &self.item.is_some())
-            .finish()
-    }
-}
-
-/// Future of [`Receiver::send_async`]: resolves to the message's position.
-#[must_use = "futures do nothing unless polled"]
-pub struct SendFuture<'a, K, M, O> {
-    inner: SubmitFuture<'a, K, M, O>,
-}
-
-impl<K, M, O> Future for SendFuture<'_, K, M, O> {
-    type Output = Result<u64, SubmitError<M>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.get_mut()
-            .inner
-            .poll_submit(cx, false)
-            .map(|r| r.map(|(p, _)| p))
-    }
-}
-
-impl<K, M, O> fmt::Debug for SendFuture<'_, K, M, O> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SendFuture")
-            .field("pending", &self.inner.item.is_some())
-            .finish()
-    }
-}
-
-/// Future of [`Receiver::shutdown_async`]: `true` once every message of the
-/// source has ended, `false` once the timeout passed first.
-#[must_use = "futures do nothing unless polled; the receiver is closed already"]
-pub struct ShutdownFuture<'a, K, M, O> {
-    receiver: &'a Receiver<K, M, O>,
-    deadline: Option<Instant>,
-    timer: Option<crate::timer::Timer>,
-}
-
-impl<K, M, O> Future for ShutdownFuture<'_, K, M, O> {
-    type Output = bool;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
-        let this = self.get_mut();
-        let source = this.receiver.source.source();
-        if source.is_drained() {
-            this.timer.take();
-            return Poll::Ready(true);
-        }
-        if let Some(d) = this.deadline {
-            if Instant::now() >= d {
-                this.timer.take();
-                return Poll::Ready(false);
-            }
-        }
-        if source.wait_drained(&task_waiter(cx.waker())) {
-            this.timer.take();
-            return Poll::Ready(true);
-        }
-        // A wake-up no later than the deadline, and now and then meanwhile
-        // (a release wakes us too, but a follow-up holding another source's
-        // unit ends without one).
-        let due = Instant::now() + DRAIN_RECHECK;
-        let at = this.deadline.map_or(due, |d| d.min(due));
-        match &mut this.timer {
-            Some(t) => t.rearm(at, cx.waker()),
-            None => this.timer = crate::timer::Timer::start(at, cx.waker().clone()).ok(),
-        }
-        Poll::Pending
-    }
-}
-
-impl<K, M, O> fmt::Debug for ShutdownFuture<'_, K, M, O> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ShutdownFuture")
-            .field("deadline", &self.deadline)
-            .finish_non_exhaustive()
     }
 }

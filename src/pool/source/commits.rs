@@ -155,11 +155,6 @@ impl CommitState {
             self.stop();
         }
     }
-
-    #[cfg(test)]
-    fn words(&self) -> usize {
-        self.ended.len()
-    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -227,7 +222,7 @@ mod tests {
                 assert_eq!(c.committed(), leading, "seed {seed}, after {p}");
             }
             assert_eq!(c.committed(), n);
-            assert!(c.state.lock().words() <= 1, "the bitset emptied");
+            assert!(c.state.lock().ended.len() <= 1, "the bitset emptied");
         }
     }
 
@@ -239,11 +234,11 @@ mod tests {
         }
         assert_eq!(c.committed(), 0);
         // 65,536 positions ahead of the point: one bit each.
-        assert_eq!(c.state.lock().words(), 1025);
+        assert_eq!(c.state.lock().ended.len(), 1025);
         c.record(0, Ended::Finished);
         assert_eq!(c.committed(), 65_537);
         let st = c.state.lock();
-        assert!(st.words() <= 1 && st.ended.capacity() <= 2 * KEEP_WORDS);
+        assert!(st.ended.len() <= 1 && st.ended.capacity() <= 2 * KEEP_WORDS);
     }
 
     #[test]
