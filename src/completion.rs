@@ -3,7 +3,7 @@
 //!
 //! # State machine
 //!
-//! The shared [`Slot`] is a small mutex-protected record; every transition is
+//! The shared [`Reply`] is a small mutex-protected record; every transition is
 //! made under its lock, so there is no lock-free protocol to get wrong here
 //! (the lock is taken twice per message: once by the worker, once by the
 //! waiter).
@@ -16,11 +16,11 @@
 //! | ABANDONED  | `None`   | any    | false    | the handle was dropped                   |
 //!
 //! Transitions and who makes them:
-//! - PENDING → READY: the executor, exactly once ([`Slot::complete`]), then
+//! - PENDING → READY: the executor, exactly once ([`Reply::complete`]), then
 //!   wakes the registered waiter (a task's `Waker` or a parked thread).
 //! - READY → TAKEN: the handle (`poll`, `wait`, `wait_timeout`).
 //! - PENDING/READY/TAKEN → ABANDONED: dropping the handle. A value already in
-//!   the slot is dropped then and there; a value completed later is dropped by
+//!   the reply is dropped then and there; a value completed later is dropped by
 //!   the completing thread instead of being stored, so nothing finished is
 //!   retained for a handle nobody holds.
 //!
@@ -41,7 +41,7 @@ use crate::waiter::Waiter;
 /// The outcome of a message: its handler's output or why there is none.
 pub type Outcome<O, M> = Result<O, TaskError<M>>;
 
-struct SlotState<O, M> {
+struct ReplyState<O, M> {
     value: Option<Outcome<O, M>>,
     done: bool,
     handle: bool,
@@ -49,14 +49,14 @@ struct SlotState<O, M> {
 }
 
 /// The shared half: written once by the executor, read once by the handle.
-pub(crate) struct Slot<O, M> {
-    state: Mutex<SlotState<O, M>>,
+pub(crate) struct Reply<O, M> {
+    state: Mutex<ReplyState<O, M>>,
 }
 
-impl<O, M> Slot<O, M> {
+impl<O, M> Reply<O, M> {
     pub(crate) fn new() -> Self {
-        Slot {
-            state: Mutex::new(SlotState {
+        Reply {
+            state: Mutex::new(ReplyState {
                 value: None,
                 done: false,
                 handle: true,
@@ -121,13 +121,13 @@ impl<O, M> Slot<O, M> {
 /// ```
 #[must_use = "a completion does nothing unless waited on or awaited (dropping it does not cancel the message)"]
 pub struct Completion<O, M> {
-    slot: Arc<Slot<O, M>>,
+    reply: Arc<Reply<O, M>>,
     position: u64,
 }
 
 impl<O, M> Completion<O, M> {
-    pub(crate) fn new(slot: Arc<Slot<O, M>>, position: u64) -> Self {
-        Completion { slot, position }
+    pub(crate) fn new(reply: Arc<Reply<O, M>>, position: u64) -> Self {
+        Completion { reply, position }
     }
 
     /// The message's position in its receiver: 0, 1, 2, … in the order the
@@ -139,12 +139,12 @@ impl<O, M> Completion<O, M> {
 
     /// Whether the message has finished (its outcome is ready or was taken).
     pub fn is_finished(&self) -> bool {
-        self.slot.state.lock().done
+        self.reply.state.lock().done
     }
 
     /// Whether the handle has already yielded its outcome.
     pub fn is_terminated(&self) -> bool {
-        let st = self.slot.state.lock();
+        let st = self.reply.state.lock();
         st.done && st.value.is_none()
     }
 
@@ -187,7 +187,7 @@ impl<O, M> Completion<O, M> {
     }
 
     fn wait_until(self, deadline: Option<Instant>) -> Result<Outcome<O, M>, Self> {
-        let mut st = self.slot.state.lock();
+        let mut st = self.reply.state.lock();
         loop {
             if let Some(v) = st.value.take() {
                 return Ok(v);
@@ -203,13 +203,13 @@ impl<O, M> Completion<O, M> {
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
-                        self.slot.state.lock().waiter = None;
+                        self.reply.state.lock().waiter = None;
                         return Err(self);
                     }
                     thread::park_timeout(d - now);
                 }
             }
-            st = self.slot.state.lock();
+            st = self.reply.state.lock();
         }
     }
 }
@@ -218,7 +218,7 @@ impl<O, M> Future for Completion<O, M> {
     type Output = Outcome<O, M>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut st = self.slot.state.lock();
+        let mut st = self.reply.state.lock();
         if let Some(v) = st.value.take() {
             return Poll::Ready(v);
         }
@@ -231,7 +231,7 @@ impl<O, M> Future for Completion<O, M> {
 
 impl<O, M> Drop for Completion<O, M> {
     fn drop(&mut self) {
-        let mut st = self.slot.state.lock();
+        let mut st = self.reply.state.lock();
         st.handle = false;
         st.waiter = None;
         let value = st.value.take();
@@ -261,27 +261,27 @@ mod tests {
         }
     }
 
-    fn pair() -> (Arc<Slot<u32, &'static str>>, Completion<u32, &'static str>) {
-        let slot = Arc::new(Slot::new());
-        (slot.clone(), Completion::new(slot, 0))
+    fn pair() -> (Arc<Reply<u32, &'static str>>, Completion<u32, &'static str>) {
+        let reply = Arc::new(Reply::new());
+        (reply.clone(), Completion::new(reply, 0))
     }
 
     #[test]
     fn wait_gets_value_from_another_thread() {
-        let (slot, done) = pair();
-        let t = std::thread::spawn(move || slot.complete(Ok(7)));
+        let (reply, done) = pair();
+        let t = std::thread::spawn(move || reply.complete(Ok(7)));
         assert_eq!(done.wait().unwrap(), 7);
         t.join().unwrap();
     }
 
     #[test]
     fn poll_registers_and_is_woken_then_fused() {
-        let (slot, mut done) = pair();
+        let (reply, mut done) = pair();
         let flag = std::sync::Arc::new(Flag(Default::default()));
         let waker = std::task::Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
         assert!(Pin::new(&mut done).poll(&mut cx).is_pending());
-        slot.complete(Err(TaskError::Rejected("m")));
+        reply.complete(Err(TaskError::Rejected("m")));
         assert!(flag.0.load(std::sync::atomic::Ordering::SeqCst));
         match Pin::new(&mut done).poll(&mut cx) {
             Poll::Ready(Err(e)) => assert_eq!(e.into_message(), Some("m")),
@@ -293,9 +293,9 @@ mod tests {
 
     #[test]
     fn wait_timeout_gives_the_handle_back() {
-        let (slot, done) = pair();
+        let (reply, done) = pair();
         let done = done.wait_timeout(Duration::from_millis(1)).unwrap_err();
-        slot.complete(Ok(1));
+        reply.complete(Ok(1));
         assert_eq!(
             done.wait_timeout(Duration::from_secs(5))
                 .ok()
@@ -307,9 +307,9 @@ mod tests {
 
     #[test]
     fn dropped_handle_drops_late_value() {
-        let (slot, done) = pair();
+        let (reply, done) = pair();
         drop(done);
-        slot.complete(Ok(3));
-        assert!(slot.state.lock().value.is_none());
+        reply.complete(Ok(3));
+        assert!(reply.state.lock().value.is_none());
     }
 }

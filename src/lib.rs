@@ -41,7 +41,7 @@
 //!   not every key ever seen.
 //! - **Workers.** One [`KeyedExecutor`] owns `workers` threads, shared by all
 //!   its dispatchers — never a thread per key, per dispatcher or per type.
-//!   Each worker has its own FIFO of mailboxes. A new key's pin goes to a
+//!   Each worker has its own FIFO of mailboxes. A new key's route goes to a
 //!   worker with nothing queued (else a parked one, else the least loaded),
 //!   and its mailboxes run there. After `throughput` messages in one turn, a
 //!   mailbox goes to the back of its worker's queue, so a hot key cannot
@@ -59,10 +59,10 @@
 //!   50 µs (by submitters with work for it, or by idle workers, which
 //!   look again every 100 µs while a worker has work waiting); see
 //!   "Choosing settings" for what to expect.
-//! - **Routing.** A submitter reads its key's pin (which worker the key is
+//! - **Routing.** A submitter reads its key's route (which worker the key is
 //!   on; written once, when the key's bucket is first used) and pushes the
 //!   message on the dispatcher's inbox for that worker; the worker moves
-//!   it into the mailbox. Only submitters touch pins and only a mailbox's
+//!   it into the mailbox. Only submitters touch routes and only a mailbox's
 //!   worker touches the mailbox, so the per-message hand-off between
 //!   threads is one queue push, as in a striped pool.
 //! - **Async handlers.** A handler's future is polled on the key's worker with

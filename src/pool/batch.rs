@@ -370,7 +370,7 @@ impl<K, M, O> Receiver<K, M, O> {
         let (key, msg) = p.rest.pop_front().expect("a message is left");
         // As in a single send: the message keeps this source alive with a
         // handle count while it holds another's unit.
-        me.pin();
+        me.add_ref();
         me.get().share_held();
         let env = Envelope {
             msg,

@@ -180,7 +180,7 @@ impl Builder {
     /// `true`.
     ///
     /// With it, a key's messages may run on another worker than the one
-    /// its pin names once that worker was seen stuck; per-key order, one
+    /// its route names once that worker was seen stuck; per-key order, one
     /// at a time, fairness and the stops hold either way (see the crate
     /// docs, "Work conservation"). Turn it off to keep every key on
     /// the worker it was placed on for good — for handlers that rely on a

@@ -10,7 +10,7 @@ use crate::pool::config::Config;
 use crate::pool::conserve::Idle;
 use crate::pool::dispatcher::StopTarget;
 use crate::pool::observe::SlowSteps;
-use crate::pool::source::{PinnedSource, SourceRef};
+use crate::pool::source::{SourceGuard, SourceRef};
 use crate::pool::spawn::Spawned;
 use crate::pool::stats::{DispatcherStats, ExecutorStats, WorkerState, WorkerStats};
 use crate::pool::task::Task;
@@ -138,13 +138,13 @@ impl Shared {
         self.sources.lock().push(source);
     }
 
-    /// The live sources (of dispatcher `dispatcher`, or all), pinned.
-    pub(crate) fn sources_of(&self, dispatcher: Option<u64>) -> Vec<PinnedSource> {
+    /// The live sources (of dispatcher `dispatcher`, or all), each held by a `SourceGuard`.
+    pub(crate) fn sources_of(&self, dispatcher: Option<u64>) -> Vec<SourceGuard> {
         let sources = self.sources.lock();
         sources
             .iter()
             .filter(|s| dispatcher.map_or(true, |d| s.get().dispatcher() == d))
-            .filter_map(|s| PinnedSource::new(*s))
+            .filter_map(|s| SourceGuard::new(*s))
             .collect()
     }
 
@@ -253,16 +253,16 @@ impl Shared {
     /// registered after this look is made after the flag, and its first
     /// waiter sees it.
     fn release_waiters(&self) {
-        let waiting: Vec<PinnedSource> = {
+        let waiting: Vec<SourceGuard> = {
             // The list keeps its sources alive while it is locked; those
-            // with waiters are pinned to be woken outside the lock (a
+            // with waiters are guarded to be woken outside the lock (a
             // waker is user code).
             let sources = self.sources.lock();
             fence(SeqCst);
             sources
                 .iter()
                 .filter(|s| s.get().has_waiters())
-                .filter_map(|s| PinnedSource::new(*s))
+                .filter_map(|s| SourceGuard::new(*s))
                 .collect()
         };
         for source in waiting {

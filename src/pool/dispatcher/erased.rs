@@ -3,7 +3,7 @@
 
 use std::hash::{BuildHasher, Hash};
 
-use crate::completion::{Outcome, Slot};
+use crate::completion::{Outcome, Reply};
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::{Envelope, Held, Owner, Produces};
 use crate::pool::observe::Identity;
@@ -273,7 +273,7 @@ where
     fn finish(
         &self,
         key: &K,
-        reply: Option<Arc<Slot<H::Output, M>>>,
+        reply: Option<Arc<Reply<H::Output, M>>>,
         held: Held,
         cx: Option<&WorkerCx<'_>>,
         outcome: Outcome<H::Output, M>,

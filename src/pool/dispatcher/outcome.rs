@@ -4,7 +4,7 @@
 use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::completion::{Outcome, Slot};
+use crate::completion::{Outcome, Reply};
 use crate::error::{Panic, TaskError};
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::{Envelope, Held};
@@ -36,7 +36,7 @@ where
 
     /// A message of this dispatcher ended (finished, failed, handed back or
     /// cancelled): records how at its position, gives back its unit
-    /// (batched on a worker if `batched`) and drops its pin on its source.
+    /// (batched on a worker if `batched`) and drops its handle count on its source.
     #[inline]
     pub(super) fn end(&self, held: Held, ended: Ended, cx: Option<&WorkerCx<'_>>, batched: bool) {
         let source = held.source.get();
@@ -49,11 +49,11 @@ where
                 _ => unsafe { unit.release(1) },
             }
         }
-        if held.pinned() {
+        if held.holds_share() {
             // No unit of its source came back: wake whoever waits on it.
             source.share_ended();
-            // SAFETY: the message held this pin (see `Held`).
-            unsafe { held.source.unpin() };
+            // SAFETY: the message held this handle count (see `Held`).
+            unsafe { held.source.drop_ref() };
         }
     }
 
@@ -80,7 +80,7 @@ where
     pub(super) fn returned(
         &self,
         env: Envelope<M, H::Output>,
-    ) -> (M, Option<Arc<Slot<H::Output, M>>>) {
+    ) -> (M, Option<Arc<Reply<H::Output, M>>>) {
         let Envelope { msg, reply, held } = env;
         trace::message_rejected(&self.ident.name, reply.is_some());
         self.ident.metrics.rejected();
@@ -108,7 +108,7 @@ where
     pub(crate) fn finish(
         &self,
         key: &K,
-        reply: Option<Arc<Slot<H::Output, M>>>,
+        reply: Option<Arc<Reply<H::Output, M>>>,
         held: Held,
         cx: Option<&WorkerCx<'_>>,
         outcome: Outcome<H::Output, M>,

@@ -62,7 +62,7 @@ use std::collections::VecDeque;
 use std::hash::Hash;
 
 use crate::completion::Outcome;
-use crate::completion::Slot;
+use crate::completion::Reply;
 use crate::pool::observe::Identity;
 use crate::pool::shared::Shared;
 use crate::pool::source::{SourceRef, UnitRef};
@@ -101,7 +101,7 @@ pub(crate) trait Owner<K, M>: Produces<K, M> + Send + Sync + Sized + 'static {
     fn finish(
         &self,
         key: &K,
-        reply: Option<Arc<Slot<Self::Output, M>>>,
+        reply: Option<Arc<Reply<Self::Output, M>>>,
         held: Held,
         cx: Option<&WorkerCx<'_>>,
         outcome: Outcome<Self::Output, M>,
@@ -122,14 +122,14 @@ pub(crate) trait Owner<K, M>: Produces<K, M> + Send + Sync + Sized + 'static {
 pub(crate) struct Envelope<M, O> {
     pub(crate) msg: M,
     /// The completion to deliver to; `None` for fire-and-forget sends.
-    pub(crate) reply: Option<Arc<Slot<O, M>>>,
+    pub(crate) reply: Option<Arc<Reply<O, M>>>,
     pub(crate) held: Held,
 }
 
 /// What an accepted message holds of its source until it ends.
 ///
 /// Invariant: the message keeps `source` alive by its unit when `unit` is
-/// a plain unit of `source`, and by a pin (a handle count) otherwise — when
+/// a plain unit of `source`, and by a handle count otherwise — when
 /// it holds a share of a unit (a follow-up, or a message that passed its
 /// unit on; see `receiver.rs`).
 ///
@@ -185,9 +185,9 @@ impl Held {
         self.pos = self.position() | if passed { Self::PASSED } else { 0 };
     }
 
-    /// Whether it pins `source` (see the invariant).
+    /// Whether it holds a share (and a handle count on `source`: see the invariant).
     #[inline]
-    pub(crate) fn pinned(&self) -> bool {
+    pub(crate) fn holds_share(&self) -> bool {
         self.unit != UnitRef::plain(self.source)
     }
 }
@@ -203,7 +203,7 @@ type Queued<M, O> = (Envelope<M, O>, Stamp);
 
 /// Where the running message's outcome goes.
 struct Meta<O, M> {
-    reply: Option<Arc<Slot<O, M>>>,
+    reply: Option<Arc<Reply<O, M>>>,
     held: Held,
     /// Its first poll, if the metrics sample it.
     run: crate::pool::metrics::RunStart,

@@ -33,7 +33,7 @@
 use std::task::Waker;
 
 use super::Receiver;
-use crate::completion::Slot;
+use crate::completion::Reply;
 use crate::error::SubmitError;
 use crate::pool::mailbox::{Envelope, Held};
 use crate::pool::source::{Acquire, Acquired, SourceHandle, SourceRef, UnitRef};
@@ -130,14 +130,14 @@ impl<K, M, O> Receiver<K, M, O> {
                 give_back(self.source.as_ref(), self.unit);
             }
         }
-        let reply = reply.then(|| Arc::new(Slot::new()));
+        let reply = reply.then(|| Arc::new(Reply::new()));
         let me = self.source.as_ref();
         let held = match unit {
             Unit::Own => UnitRef::plain(me),
             Unit::Inherited(share) => {
                 // The message holds a share of another message's unit: it
                 // keeps this source alive with a handle count until it ends.
-                me.pin();
+                me.add_ref();
                 me.get().share_held();
                 share
             }
@@ -173,7 +173,7 @@ pub(in crate::pool) fn give_back(me: SourceRef, unit: Unit) {
         Unit::Inherited(share) => {
             me.get().share_ended();
             // SAFETY: `enqueue` took a handle count for the message.
-            unsafe { me.unpin() };
+            unsafe { me.drop_ref() };
             worker::give_back_running_unit(share);
         }
     }
@@ -197,4 +197,4 @@ impl Refused {
 }
 
 /// A message's position and, if a reply was asked for, its completion.
-pub(super) type Accepted<O, M> = Result<(u64, Option<Arc<Slot<O, M>>>), SubmitError<M>>;
+pub(super) type Accepted<O, M> = Result<(u64, Option<Arc<Reply<O, M>>>), SubmitError<M>>;

@@ -91,7 +91,7 @@ impl SourceRef {
                     source.drained();
                 }
                 // SAFETY: we own the handle count taken above.
-                unsafe { super::unpin(self.0) };
+                unsafe { super::drop_ref(self.0) };
                 return;
             }
             match word.compare_exchange_weak(cur, cur - n, SeqCst, Relaxed) {

@@ -160,24 +160,24 @@ mod tests {
         assert!(!s.is_drained());
         // SAFETY: M holds the unit; each holder leaves once.
         unsafe {
-            me.pin();
+            me.add_ref();
             s.share_held();
             let (m, f) = UnitRef::plain(me).share();
             // F, accepted holding the share.
-            me.pin();
+            me.add_ref();
             s.share_held();
             assert!(!s.is_drained());
             // M ends first: F still runs.
             assert!(m.leave().is_none());
             s.share_ended();
-            me.unpin();
+            me.drop_ref();
             assert!(!s.is_drained(), "the follow-up still runs");
             // F ends: the last holder gives the unit back.
             let unit = f.leave().expect("last holder");
             assert!(!s.is_drained(), "the unit is not back yet");
             unit.release(1);
             s.share_ended();
-            me.unpin();
+            me.drop_ref();
         }
         assert!(s.is_drained());
         assert_eq!(s.in_flight(), 0);

@@ -5,7 +5,7 @@
 //!
 //! | file | holds | protocol written down at its top |
 //! |---|---|---|
-//! | `mod.rs` | [`Source`], its word, its lifetime ([`SourceHandle`], [`SourceRef`], [`PinnedSource`]), positions | who frees a source |
+//! | `mod.rs` | [`Source`], its word, its lifetime ([`SourceHandle`], [`SourceRef`], [`SourceGuard`]), positions | who frees a source |
 //! | `credit.rs` | taking and giving back units, the waiters ([`Acquire`]), the commit span's cap | credit |
 //! | `unit.rs` | [`UnitRef`], [`SharedUnit`](unit::SharedUnit): a unit one message shares with its follow-ups | sharing a unit |
 //! | `drain.rs` | whether every accepted message ended; waiting for that | drains |
@@ -21,7 +21,7 @@
 //! | bits  | meaning |
 //! |-------|---------|
 //! | 0–39  | `in_flight`: units held by accepted, unfinished messages |
-//! | 40–61 | `handles`: handle counts — live [`SourceHandle`]s (receivers and their clones), messages holding a share of a unit, [`PinnedSource`]s, a release that wakes waiters |
+//! | 40–61 | `handles`: handle counts — live [`SourceHandle`]s (receivers and their clones), messages holding a share of a unit, [`SourceGuard`]s, a release that wakes waiters |
 //! | 62    | `DRAINERS`: someone waits for the source to drain (`drain.rs`) |
 //! | 63    | `WAITERS`: the list of submitters waiting for a unit is not empty (`credit.rs`) |
 //!
@@ -32,15 +32,15 @@
 //! out of the executor's list of sources first.
 //!
 //! - A [`SourceHandle`] owns one handle count: clone `handles + 1`, drop
-//!   `handles - 1` (`unpin`).
+//!   `handles - 1` (`drop_ref`).
 //! - An accepted message needs no count of its own: it carries a plain
 //!   [`SourceRef`], kept valid by the plain unit of its source it holds
 //!   until it ends. A message holding a share of a unit (`unit.rs`) takes
-//!   a handle count instead ([`SourceRef::pin`]) and gives it back when it
-//!   ends ([`SourceRef::unpin`]).
+//!   a handle count instead ([`SourceRef::add_ref`]) and gives it back when it
+//!   ends ([`SourceRef::drop_ref`]).
 //! - The executor's list holds uncounted refs; under the list's lock, a
-//!   [`PinnedSource`] takes a count unless the word is already zero
-//!   ([`SourceRef::try_pin`]): `free` takes the same lock before the
+//!   [`SourceGuard`] takes a count unless the word is already zero
+//!   ([`SourceRef::try_add_ref`]): `free` takes the same lock before the
 //!   memory goes.
 //! - A release that must wake someone, or gives back the last units while
 //!   handles remain, takes a count for the time of its wake-ups
@@ -228,8 +228,8 @@ impl Clone for SourceHandle {
 impl Drop for SourceHandle {
     fn drop(&mut self) {
         // SAFETY: this handle is counted, so the source is alive until the
-        // subtraction; `unpin` frees it if the word reaches zero.
-        unsafe { unpin(self.0) }
+        // subtraction; `drop_ref` frees it if the word reaches zero.
+        unsafe { drop_ref(self.0) }
     }
 }
 
@@ -237,7 +237,7 @@ impl Drop for SourceHandle {
 ///
 /// # Safety
 /// The caller owns one handle count of the source at `ptr`.
-unsafe fn unpin(ptr: NonNull<Source>) {
+unsafe fn drop_ref(ptr: NonNull<Source>) {
     // SAFETY: the count we own keeps the source alive for this access.
     let word = &unsafe { ptr.as_ref() }.hot.word;
     let now = word.fetch_sub(HANDLE, AcqRel) - HANDLE;
@@ -276,14 +276,14 @@ unsafe fn free(ptr: NonNull<Source>) {
 impl SourceRef {
     /// Takes a handle count, keeping the source alive without a unit (a
     /// forwarded message that holds another source's unit).
-    pub(crate) fn pin(self) {
+    pub(crate) fn add_ref(self) {
         self.get().hot.word.fetch_add(HANDLE, Relaxed);
     }
 
     /// Takes a handle count unless the source is being freed (its word is
     /// zero). For the executor's list of sources, under its lock: `free`
     /// takes that lock before the memory goes.
-    pub(crate) fn try_pin(self) -> bool {
+    pub(crate) fn try_add_ref(self) -> bool {
         let word = &self.get().hot.word;
         let mut cur = word.load(SeqCst);
         loop {
@@ -297,13 +297,13 @@ impl SourceRef {
         }
     }
 
-    /// Gives back a count [`pin`](Self::pin) took.
+    /// Gives back a count [`add_ref`](Self::add_ref) took.
     ///
     /// # Safety
     /// The caller owns such a count.
-    pub(crate) unsafe fn unpin(self) {
+    pub(crate) unsafe fn drop_ref(self) {
         // SAFETY: caller's contract.
-        unsafe { unpin(self.0) }
+        unsafe { drop_ref(self.0) }
     }
 
     /// The source (valid while a unit or a handle is held, or while it is
@@ -382,17 +382,17 @@ impl Source {
 }
 
 /// A source kept alive by a handle count (taken with
-/// [`SourceRef::try_pin`]), dropped on drop.
-pub(crate) struct PinnedSource(SourceRef);
+/// [`SourceRef::try_add_ref`]), dropped on drop.
+pub(crate) struct SourceGuard(SourceRef);
 
-impl PinnedSource {
+impl SourceGuard {
     /// Pins `source` unless it is being freed.
     pub(crate) fn new(source: SourceRef) -> Option<Self> {
-        source.try_pin().then_some(PinnedSource(source))
+        source.try_add_ref().then_some(SourceGuard(source))
     }
 }
 
-impl std::ops::Deref for PinnedSource {
+impl std::ops::Deref for SourceGuard {
     type Target = Source;
 
     fn deref(&self) -> &Source {
@@ -400,10 +400,10 @@ impl std::ops::Deref for PinnedSource {
     }
 }
 
-impl Drop for PinnedSource {
+impl Drop for SourceGuard {
     fn drop(&mut self) {
         // SAFETY: we own the handle count `new` took.
-        unsafe { self.0.unpin() }
+        unsafe { self.0.drop_ref() }
     }
 }
 

@@ -350,7 +350,7 @@ impl WorkerCx<'_> {
     /// passed its unit on already (`None`). `None` outside a handler too.
     ///
     /// A message whose unit becomes a share keeps its own source alive
-    /// with a pin from then on: the share may be given back by the
+    /// with a handle count from then on: the share may be given back by the
     /// follow-up first.
     pub(crate) fn share_running_unit(&self) -> Option<Option<UnitRef>> {
         match self.handling.get() {
@@ -359,7 +359,7 @@ impl WorkerCx<'_> {
             Handling::Message { unit, source, .. } => {
                 if unit == UnitRef::plain(source) {
                     // From now on the message holds a share, like its follow-up.
-                    source.pin();
+                    source.add_ref();
                     source.get().share_held();
                 }
                 // SAFETY: the running message holds `unit`.
