@@ -1471,6 +1471,10 @@ impl Partition {
                     .handed_back
                     .fetch_add(1, Ordering::Relaxed);
             }
+            Err(other) => {
+                self.halt
+                    .get_or_insert(format!("entry {id}: unexpected end: {other}"));
+            }
         }
     }
 

@@ -98,7 +98,6 @@
 //! it is cancelled by the runner.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::hash::Hash;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -563,7 +562,7 @@ where
         cx.enter_handler(held.source, held.unit, held.passed());
         let called = catch_unwind(AssertUnwindSafe(|| {
             let _entered = span.enter();
-            handler.call(key, msg)
+            handler.call_at(key, msg, held.position())
         }));
         let outcome = match called {
             Ok(fut) => {
@@ -674,11 +673,15 @@ where
             // before it is dropped in place (`drop_future`), so pinning it is
             // sound.
             let fut = unsafe { Pin::new_unchecked((*f).as_mut().expect("a future is stored")) };
-            catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx)))
+            // The handler's `poll_outcome` (a plain poll unless it makes
+            // crate errors, as the retrying handler does; see `poison.rs`).
+            catch_unwind(AssertUnwindSafe(|| {
+                trace::in_span(fut, |fut| H::poll_outcome(fut, &mut cx))
+            }))
         });
         let outcome = match polled {
             Ok(Poll::Pending) => return Poll::Pending,
-            Ok(Poll::Ready(out)) => Ok(out),
+            Ok(Poll::Ready(outcome)) => outcome,
             Err(payload) => Err(TaskError::Panicked(Panic::new(payload))),
         };
         // SAFETY: we own the turn.
@@ -721,6 +724,24 @@ where
         });
     }
 
+    /// Asks the stored future to hand its message back (`Handler::reclaim`),
+    /// in `catch_unwind`: a panic there hands nothing back.
+    ///
+    /// # Safety
+    /// The caller owns the mailbox (its turn, or a claimed `SUSPENDED`).
+    unsafe fn reclaim_future(&self) -> Option<M> {
+        self.future.with_mut(|f| {
+            // SAFETY: caller's contract: nobody else touches the cell; the
+            // future stays where it was pinned (see `poll_in_place`).
+            let fut = unsafe { (*f).as_mut() }?;
+            // SAFETY: as above: it is never moved before it is dropped.
+            let fut = unsafe { Pin::new_unchecked(fut) };
+            catch_unwind(AssertUnwindSafe(|| trace::in_span(fut, H::reclaim)))
+                .ok()
+                .flatten()
+        })
+    }
+
     /// Drops a pending future as cancelled (force stop).
     ///
     /// # Safety
@@ -729,16 +750,27 @@ where
         // SAFETY: caller's contract.
         let meta = unsafe { self.meta.with_mut(|m| (*m).take()) };
         if let Some(meta) = meta {
+            // A future that can hand its message back (one waiting for its
+            // next attempt, see `poison.rs`) does: it ends `Rejected`.
+            // SAFETY: caller's contract: the future is ours and pinned in
+            // place.
+            let reclaimed = unsafe { self.reclaim_future() };
             // SAFETY: caller's contract.
             unsafe { self.drop_future() };
-            self.dispatcher.cancelled(self.home());
+            let outcome = match reclaimed {
+                Some(msg) => Err(TaskError::Rejected(msg)),
+                None => {
+                    self.dispatcher.cancelled(self.home());
+                    Err(TaskError::Cancelled)
+                }
+            };
             self.dispatcher.finish(
                 // SAFETY: a mailbox with a future has a key.
                 unsafe { self.key() },
                 meta.reply,
                 meta.held,
                 None,
-                Err(TaskError::Cancelled),
+                outcome,
             );
         }
     }

@@ -13,6 +13,7 @@
 //! - `batch.rs`: a receiver's batched sends (`send_batch` and its forms).
 //! - `retry.rs`: retry policies: attempts, backoff, jitter, which failures
 //!   retry.
+//! - `poison.rs`: the retrying handler: attempts, backoffs, dead letters.
 //! - `source.rs`: a receiver's shared state: credit, positions, drains,
 //!   and whether it takes messages.
 //! - `commits.rs`: the commit point of a receiver that tracks commits.
@@ -35,6 +36,7 @@ pub(crate) mod inbox;
 pub(crate) mod mailbox;
 pub(crate) mod metrics;
 pub(crate) mod observe;
+pub(crate) mod poison;
 pub(crate) mod receiver;
 pub(crate) mod retry;
 pub(crate) mod source;
