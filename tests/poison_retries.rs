@@ -328,6 +328,14 @@ fn commit_point_moves_past_dead_letters() {
     }
     assert_eq!(receiver.committable(), 40);
     assert_eq!(receiver.accepted(), 40);
+    let stats = executor.stats();
+    assert_eq!(stats.dead_lettered, 16, "8 poison, 8 fatal");
+    assert_eq!(stats.retried, 8 * 3, "only the poison ones are retried");
+    assert_eq!(stats.done, 24);
+    assert_eq!(
+        stats.workers.iter().map(|w| w.dead_lettered).sum::<u64>(),
+        16
+    );
     let mut got = letters.lock().unwrap().clone();
     got.sort_by_key(|l| l.4);
     assert_eq!(got, want);
@@ -498,6 +506,9 @@ fn a_force_stop_hands_back_a_message_in_backoff() {
             }
             assert_eq!(attempts.load(Ordering::SeqCst), 1, "{what}");
             assert_eq!(receiver.in_flight(), 0, "{what}: every unit came back");
+            let stats = executor.stats();
+            assert_eq!((stats.rejected, stats.cancelled), (2, 0), "{what}");
+            assert_eq!(stats.retried, 1, "{what}");
             executor.shutdown_now();
             assert!(attempts_seen.try_recv().is_err(), "{what}: never ran again");
         }

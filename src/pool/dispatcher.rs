@@ -1382,6 +1382,12 @@ where
                         .store(counters.panicked.load(Relaxed) + 1, Relaxed);
                     crate::pool::metrics::panicked(Some(cx), &self.ident.metrics);
                 }
+                // A retrying handler gave the message up (`poison.rs`).
+                Err(TaskError::DeadLettered { .. }) => {
+                    let n = &counters.dead_lettered;
+                    n.store(n.load(Relaxed) + 1, Relaxed);
+                    self.ident.metrics.dead_lettered();
+                }
                 Err(_) => {}
             }
         }
@@ -1400,20 +1406,12 @@ where
                 // The hook and the drop of the output (or of the panic's
                 // payload) are user code: contain them, here on the worker.
                 if outcome.is_err() || std::mem::needs_drop::<H::Output>() {
-                    let _ = catch_unwind(AssertUnwindSafe(move || match outcome {
-                        Err(TaskError::Panicked(p)) => {
+                    let _ = catch_unwind(AssertUnwindSafe(move || {
+                        if let Err(TaskError::Panicked(p)) = outcome {
                             if let Some(hook) = &self.on_panic {
                                 hook(key, p);
                             }
                         }
-                        // A message its future handed back (force stop in a
-                        // backoff, see `poison.rs`): like a queued one.
-                        Err(TaskError::Rejected(msg)) => {
-                            if let Some(hook) = &self.on_reject {
-                                hook(key.clone(), msg);
-                            }
-                        }
-                        _ => {}
                     }));
                 }
                 // Nobody watches a fire-and-forget message finish: its unit

@@ -757,21 +757,22 @@ where
             let reclaimed = unsafe { self.reclaim_future() };
             // SAFETY: caller's contract.
             unsafe { self.drop_future() };
-            let outcome = match reclaimed {
-                Some(msg) => Err(TaskError::Rejected(msg)),
-                None => {
-                    self.dispatcher.cancelled(self.home());
-                    Err(TaskError::Cancelled)
-                }
-            };
-            self.dispatcher.finish(
-                // SAFETY: a mailbox with a future has a key.
-                unsafe { self.key() },
-                meta.reply,
-                meta.held,
-                None,
-                outcome,
-            );
+            // SAFETY: a mailbox with a future has a key.
+            let key = unsafe { self.key() };
+            if let Some(msg) = reclaimed {
+                // Handed back as a queued message is: counted, through its
+                // completion or `on_reject`.
+                let env = Envelope {
+                    msg,
+                    reply: meta.reply,
+                    held: meta.held,
+                };
+                self.dispatcher.reject(key, env);
+                return;
+            }
+            self.dispatcher.cancelled(self.home());
+            self.dispatcher
+                .finish(key, meta.reply, meta.held, None, Err(TaskError::Cancelled));
         }
     }
 

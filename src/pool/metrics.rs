@@ -76,7 +76,11 @@ mod imp {
         use metrics::{describe_counter, describe_gauge, describe_histogram};
         describe_counter!(
             "keyed_executor_messages_total",
-            "Messages by outcome: done, panicked, rejected (handed back by a stop: the executor's force stop or a receiver's or dispatcher's shutdown_now), cancelled (suspended future dropped by such a stop), refused (Full or Closed at submission)"
+            "Messages by outcome: done, panicked, rejected (handed back by a stop: the executor's force stop or a receiver's or dispatcher's shutdown_now), cancelled (suspended future dropped by such a stop), refused (Full or Closed at submission), dead_lettered (given up on by a retrying handler)"
+        );
+        describe_counter!(
+            "keyed_executor_retries_total",
+            "Failed attempts that a retrying handler runs again, over every dispatcher"
         );
         describe_counter!(
             "keyed_executor_slow_steps_total",
@@ -236,6 +240,7 @@ mod imp {
         rejected: Counter,
         cancelled: Counter,
         refused: Counter,
+        dead_lettered: Counter,
         slow_steps: Counter,
         live_mailboxes: Gauge,
         queue: Histogram,
@@ -268,6 +273,7 @@ mod imp {
                 rejected: outcome("rejected"),
                 cancelled: outcome("cancelled"),
                 refused: outcome("refused"),
+                dead_lettered: outcome("dead_lettered"),
                 slow_steps: metrics::counter!("keyed_executor_slow_steps_total", "dispatcher" => n()),
                 live_mailboxes,
                 queue: metrics::histogram!("keyed_executor_queue_seconds", "dispatcher" => n()),
@@ -296,6 +302,11 @@ mod imp {
         #[cold]
         pub(crate) fn cancelled(&self) {
             self.0.cancelled.increment(1);
+        }
+
+        #[cold]
+        pub(crate) fn dead_lettered(&self) {
+            self.0.dead_lettered.increment(1);
         }
 
         #[cold]
@@ -557,6 +568,13 @@ mod imp {
     pub(crate) fn mailboxes(cx: &WorkerCx<'_>, d: &DispatcherMetrics, delta: i64) {
         cx.metrics.mailboxes(cx, d, delta);
     }
+
+    /// A retrying handler runs a failed attempt again: counted at once
+    /// (a retry waits a backoff; one recorder look-up is nothing beside it).
+    #[cold]
+    pub(crate) fn retried() {
+        metrics::counter!("keyed_executor_retries_total").increment(1);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -647,6 +665,9 @@ mod imp {
         pub(crate) fn cancelled(&self) {}
 
         #[inline(always)]
+        pub(crate) fn dead_lettered(&self) {}
+
+        #[inline(always)]
         pub(crate) fn slow_step(&self) {}
 
         #[inline(always)]
@@ -698,6 +719,9 @@ mod imp {
 
     #[inline(always)]
     pub(crate) fn mailboxes(_cx: &WorkerCx<'_>, _d: &DispatcherMetrics, _delta: i64) {}
+
+    #[inline(always)]
+    pub(crate) fn retried() {}
 }
 
 pub(crate) use imp::*;

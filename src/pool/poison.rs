@@ -196,7 +196,10 @@ impl<K, M, E: fmt::Display, F> Core<K, M, E, F> {
     /// `None` to give up.
     fn next(&self, attempt: u32, failure: Failure<'_, E>, position: u64) -> Option<Sleep> {
         match self.policy.decide(attempt, failure, position) {
-            RetryDecision::Retry(delay) => Some(self.timers.sleep(delay)),
+            RetryDecision::Retry(delay) => {
+                crate::pool::worker::count_retry();
+                Some(self.timers.sleep(delay))
+            }
             RetryDecision::Exhausted | RetryDecision::NotRetryable => None,
         }
     }

@@ -62,6 +62,10 @@ pub(crate) struct Counters {
     pub(crate) unparks: AtomicU64,
     pub(crate) spin_hits: AtomicU64,
     pub(crate) gave_way: AtomicU64,
+    /// Failed attempts that a retrying handler runs again (`poison.rs`).
+    pub(crate) retried: AtomicU64,
+    /// Messages a retrying handler gave up on.
+    pub(crate) dead_lettered: AtomicU64,
 }
 
 /// How long (µs) a stretch of a mailbox's turn must have run for its
@@ -720,6 +724,19 @@ fn with_any_cx<R>(f: impl FnOnce(&WorkerCx<'_>) -> R) -> Option<R> {
         // SAFETY: as in `flush_held_credit`.
         (!cx.is_null()).then(|| f(unsafe { &*cx }))
     })
+}
+
+/// A retrying handler's message failed an attempt and will run again
+/// (`poison.rs`): counted on this worker, if it is one (it is, when the
+/// dispatcher polls the handler's future).
+#[cold]
+pub(crate) fn count_retry() {
+    with_any_cx(|cx| {
+        // Only this worker's thread writes it: no RMW needed.
+        let retried = &cx.me().counters.retried;
+        retried.store(retried.load(Relaxed) + 1, Relaxed);
+    });
+    crate::pool::metrics::retried();
 }
 
 /// Whether a handler of the executor at `shared_id` runs on this thread (its
