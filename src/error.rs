@@ -195,6 +195,14 @@ pub enum TaskError<M> {
         /// ([`Retrying::on_dead_letter`](crate::handler::Retrying::on_dead_letter)).
         message: Option<M>,
     },
+    /// The message's deadline passed before it started
+    /// ([`handler::with_deadlines`](crate::handler::with_deadlines)): it
+    /// was not run. It counts as finished for the commit point.
+    Expired {
+        /// The message, if no expiry hook took it
+        /// ([`Deadlined::on_expire`](crate::handler::Deadlined::on_expire)).
+        message: Option<M>,
+    },
 }
 
 impl<M> TaskError<M> {
@@ -218,13 +226,47 @@ impl<M> TaskError<M> {
         matches!(self, TaskError::DeadLettered { .. })
     }
 
+    /// The message's deadline passed before it started.
+    pub fn is_expired(&self) -> bool {
+        matches!(self, TaskError::Expired { .. })
+    }
+
+    /// The same error with the message it holds (if any) mapped by `f`:
+    /// for a handler that wraps another's messages.
+    ///
+    /// ```
+    /// use keyed_executor::TaskError;
+    ///
+    /// let e: TaskError<u8> = TaskError::Rejected(7);
+    /// assert_eq!(e.map_message(u32::from).into_message(), Some(7_u32));
+    /// ```
+    pub fn map_message<N>(self, f: impl FnOnce(M) -> N) -> TaskError<N> {
+        match self {
+            TaskError::Panicked(p) => TaskError::Panicked(p),
+            TaskError::Rejected(m) => TaskError::Rejected(f(m)),
+            TaskError::Cancelled => TaskError::Cancelled,
+            TaskError::DeadLettered {
+                attempts,
+                error,
+                message,
+            } => TaskError::DeadLettered {
+                attempts,
+                error,
+                message: message.map(f),
+            },
+            TaskError::Expired { message } => TaskError::Expired {
+                message: message.map(f),
+            },
+        }
+    }
+
     /// The message handed back, if this is [`Rejected`](TaskError::Rejected),
     /// or [`DeadLettered`](TaskError::DeadLettered) without a hook that took
     /// it.
     pub fn into_message(self) -> Option<M> {
         match self {
             TaskError::Rejected(m) => Some(m),
-            TaskError::DeadLettered { message, .. } => message,
+            TaskError::DeadLettered { message, .. } | TaskError::Expired { message } => message,
             _ => None,
         }
     }
@@ -251,6 +293,7 @@ impl<M> fmt::Debug for TaskError<M> {
                 .field("attempts", attempts)
                 .field("error", error)
                 .finish_non_exhaustive(),
+            TaskError::Expired { .. } => f.write_str("Expired(..)"),
         }
     }
 }
@@ -271,6 +314,9 @@ impl<M> fmt::Display for TaskError<M> {
                 f,
                 "message dead-lettered after {attempts} attempt(s): {error}"
             ),
+            TaskError::Expired { .. } => {
+                f.write_str("message expired: its deadline passed before it started")
+            }
         }
     }
 }

@@ -1388,6 +1388,12 @@ where
                     n.store(n.load(Relaxed) + 1, Relaxed);
                     self.ident.metrics.dead_lettered();
                 }
+                // Its deadline passed before it started (`deadline.rs`).
+                Err(TaskError::Expired { .. }) => {
+                    let n = &counters.expired;
+                    n.store(n.load(Relaxed) + 1, Relaxed);
+                    self.ident.metrics.expired();
+                }
                 Err(_) => {}
             }
         }

@@ -10,9 +10,11 @@ use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use crate::completion::Outcome;
 
+pub use crate::pool::deadline::{with_deadlines, DeadlineFuture, Deadlined, Timed};
 pub use crate::pool::poison::{
     retrying, retrying_async, AsyncKind, DeadLetter, LastFailure, RetryAsyncFuture, RetryFuture,
     Retrying, SyncKind,
@@ -59,6 +61,17 @@ pub trait Handler<K, M>: Send + Sync + 'static {
     #[inline(always)]
     fn call_at(&self, key: &K, message: M, _position: u64) -> Self::Future {
         self.call(key, message)
+    }
+
+    /// Starts the work of a message that must not *start* an attempt after
+    /// `deadline` (a [`Timed`] message in time, run by [`with_deadlines`]).
+    /// The provided version ignores the deadline and calls
+    /// [`call_at`](Self::call_at); the retrying handler ([`retrying`])
+    /// overrides it: a retry whose next attempt would start past the
+    /// deadline ends [`Expired`](crate::TaskError::Expired) instead.
+    #[inline(always)]
+    fn call_until(&self, key: &K, message: M, position: u64, _deadline: Instant) -> Self::Future {
+        self.call_at(key, message, position)
     }
 
     /// Polls a future this handler returned, as the dispatcher does: what

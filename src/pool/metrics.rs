@@ -76,7 +76,7 @@ mod imp {
         use metrics::{describe_counter, describe_gauge, describe_histogram};
         describe_counter!(
             "keyed_executor_messages_total",
-            "Messages by outcome: done, panicked, rejected (handed back by a stop: the executor's force stop or a receiver's or dispatcher's shutdown_now), cancelled (suspended future dropped by such a stop), refused (Full or Closed at submission), dead_lettered (given up on by a retrying handler)"
+            "Messages by outcome: done, panicked, rejected (handed back by a stop: the executor's force stop or a receiver's or dispatcher's shutdown_now), cancelled (suspended future dropped by such a stop), refused (Full or Closed at submission), dead_lettered (given up on by a retrying handler), expired (not run: its deadline passed)"
         );
         describe_counter!(
             "keyed_executor_retries_total",
@@ -241,6 +241,7 @@ mod imp {
         cancelled: Counter,
         refused: Counter,
         dead_lettered: Counter,
+        expired: Counter,
         slow_steps: Counter,
         live_mailboxes: Gauge,
         queue: Histogram,
@@ -274,6 +275,7 @@ mod imp {
                 cancelled: outcome("cancelled"),
                 refused: outcome("refused"),
                 dead_lettered: outcome("dead_lettered"),
+                expired: outcome("expired"),
                 slow_steps: metrics::counter!("keyed_executor_slow_steps_total", "dispatcher" => n()),
                 live_mailboxes,
                 queue: metrics::histogram!("keyed_executor_queue_seconds", "dispatcher" => n()),
@@ -307,6 +309,11 @@ mod imp {
         #[cold]
         pub(crate) fn dead_lettered(&self) {
             self.0.dead_lettered.increment(1);
+        }
+
+        #[cold]
+        pub(crate) fn expired(&self) {
+            self.0.expired.increment(1);
         }
 
         #[cold]
@@ -666,6 +673,9 @@ mod imp {
 
         #[inline(always)]
         pub(crate) fn dead_lettered(&self) {}
+
+        #[inline(always)]
+        pub(crate) fn expired(&self) {}
 
         #[inline(always)]
         pub(crate) fn slow_step(&self) {}

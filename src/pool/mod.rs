@@ -8,6 +8,7 @@
 //! - `config.rs`: the executor's builder, defaults and validation.
 //! - `executor.rs`: the pool's handle and lifecycle (graceful and force stop).
 //! - `handler.rs`: what a dispatcher runs for a message, sync or async.
+//! - `deadline.rs`: messages with a deadline, not run once it passed.
 //! - `dispatcher.rs`: one handler, its keys' pins and its per-worker inboxes.
 //! - `receiver.rs`: the sources that feed a dispatcher, with their credit.
 //! - `batch.rs`: a receiver's batched sends (`send_batch` and its forms).
@@ -29,6 +30,7 @@
 pub(crate) mod batch;
 pub(crate) mod commits;
 pub(crate) mod config;
+pub(crate) mod deadline;
 pub(crate) mod dispatcher;
 pub(crate) mod executor;
 pub mod handler;

@@ -56,6 +56,7 @@ use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use crate::completion::Outcome;
 use crate::error::{Panic, TaskError};
@@ -159,18 +160,22 @@ struct Core<K, M, E, F> {
 impl<K, M, E: fmt::Display, F> Core<K, M, E, F> {
     /// Gives `message` up: the hook gets it (in `catch_unwind`; no lock of
     /// the crate is held during a poll), or, without a hook, the completion
-    /// hands it back.
+    /// hands it back. `expired`: it gives up because its next attempt would
+    /// start past its deadline; it ends `Expired` (the hook still gets it:
+    /// it failed, and will not be tried again).
     #[cold]
     fn dead_letter(
         &self,
         key: K,
         message: M,
         failure: LastFailure<E>,
-        attempts: u32,
-        position: u64,
+        (attempts, position): (u32, u64),
+        expired: bool,
     ) -> TaskError<M> {
         let error = failure.to_string();
-        trace::dead_lettered(attempts, position, &error);
+        if !expired {
+            trace::dead_lettered(attempts, position, &error);
+        }
         let message = match &self.on_dead_letter {
             Some(hook) => {
                 let letter = DeadLetter {
@@ -185,22 +190,41 @@ impl<K, M, E: fmt::Display, F> Core<K, M, E, F> {
             }
             None => Some(message),
         };
-        TaskError::DeadLettered {
-            attempts,
-            error,
-            message,
+        if expired {
+            TaskError::Expired { message }
+        } else {
+            TaskError::DeadLettered {
+                attempts,
+                error,
+                message,
+            }
         }
     }
 
     /// After attempt `attempt` failed: the sleep before the next one, or
-    /// `None` to give up.
-    fn next(&self, attempt: u32, failure: Failure<'_, E>, position: u64) -> Option<Sleep> {
+    /// `Err(expired)` to give up (`expired`: the next attempt would start
+    /// at or past `deadline`).
+    fn next(
+        &self,
+        attempt: u32,
+        failure: Failure<'_, E>,
+        position: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Sleep, bool> {
         match self.policy.decide(attempt, failure, position) {
             RetryDecision::Retry(delay) => {
+                if let Some(deadline) = deadline {
+                    if Instant::now()
+                        .checked_add(delay)
+                        .map_or(true, |at| at >= deadline)
+                    {
+                        return Err(true);
+                    }
+                }
                 crate::pool::worker::count_retry();
-                Some(self.timers.sleep(delay))
+                Ok(self.timers.sleep(delay))
             }
-            RetryDecision::Exhausted | RetryDecision::NotRetryable => None,
+            RetryDecision::Exhausted | RetryDecision::NotRetryable => Err(false),
         }
     }
 }
@@ -370,6 +394,8 @@ pub struct RetryFuture<K, M, O, E, F> {
     sleep: Option<Sleep>,
     attempts: u32,
     position: u64,
+    /// No attempt starts at or after it (see [`Handler::call_until`]).
+    deadline: Option<Instant>,
     _out: PhantomData<fn() -> O>,
 }
 
@@ -404,17 +430,22 @@ where
                 Ok(Err(e)) => LastFailure::Error(e),
                 Err(payload) => LastFailure::Panicked(Panic::new(payload)),
             };
-            match core.next(self.attempts, failure.as_failure(), self.position) {
-                Some(sleep) => self.sleep = Some(sleep),
-                None => {
+            match core.next(
+                self.attempts,
+                failure.as_failure(),
+                self.position,
+                self.deadline,
+            ) {
+                Ok(sleep) => self.sleep = Some(sleep),
+                Err(expired) => {
                     let message = self.message.take().expect("the message is held");
                     let key = self.key.clone();
                     return Poll::Ready(Err(core.dead_letter(
                         key,
                         message,
                         failure,
-                        self.attempts,
-                        self.position,
+                        (self.attempts, self.position),
+                        expired,
                     )));
                 }
             }
@@ -472,7 +503,15 @@ where
             sleep: None,
             attempts: 0,
             position,
+            deadline: None,
             _out: PhantomData,
+        }
+    }
+
+    fn call_until(&self, key: &K, message: M, position: u64, deadline: Instant) -> Self::Future {
+        RetryFuture {
+            deadline: Some(deadline),
+            ..self.call_at(key, message, position)
         }
     }
 
@@ -506,6 +545,8 @@ pub struct RetryAsyncFuture<K, M, E, F, Fut> {
     stage: Stage<M, Fut>,
     attempts: u32,
     position: u64,
+    /// No attempt starts at or after it (see [`Handler::call_until`]).
+    deadline: Option<Instant>,
 }
 
 impl<K, M, E, F, Fut> RetryAsyncFuture<K, M, E, F, Fut> {
@@ -550,19 +591,21 @@ where
                     // SAFETY: `Done` holds nothing pinned.
                     let this = unsafe { self.as_mut().get_unchecked_mut() };
                     let failure = LastFailure::Error(error);
-                    match this
-                        .core
-                        .next(this.attempts, failure.as_failure(), this.position)
-                    {
-                        Some(sleep) => this.stage = Stage::Backoff(message, sleep),
-                        None => {
+                    match this.core.next(
+                        this.attempts,
+                        failure.as_failure(),
+                        this.position,
+                        this.deadline,
+                    ) {
+                        Ok(sleep) => this.stage = Stage::Backoff(message, sleep),
+                        Err(expired) => {
                             let key = this.key.clone();
                             return Poll::Ready(Err(this.core.dead_letter(
                                 key,
                                 message,
                                 failure,
-                                this.attempts,
-                                this.position,
+                                (this.attempts, this.position),
+                                expired,
                             )));
                         }
                     }
@@ -650,7 +693,14 @@ where
             stage: Stage::Ready(message),
             attempts: 0,
             position,
+            deadline: None,
         }
+    }
+
+    fn call_until(&self, key: &K, message: M, position: u64, deadline: Instant) -> Self::Future {
+        let mut future = self.call_at(key, message, position);
+        future.deadline = Some(deadline);
+        future
     }
 
     fn poll_outcome(future: Pin<&mut Self::Future>, cx: &mut Context<'_>) -> Poll<Outcome<O, M>> {

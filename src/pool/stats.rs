@@ -42,6 +42,9 @@ pub struct WorkerStats {
     /// Messages it ran that a retrying handler gave up on
     /// ([`TaskError::DeadLettered`](crate::TaskError::DeadLettered)).
     pub dead_lettered: u64,
+    /// Messages it did not run because their deadline passed
+    /// ([`TaskError::Expired`](crate::TaskError::Expired)).
+    pub expired: u64,
     /// Times it parked.
     pub parks: u64,
     /// Times someone woke it from a park.
@@ -113,6 +116,9 @@ pub struct ExecutorStats {
     /// Messages that retrying handlers gave up on (see
     /// [`WorkerStats::dead_lettered`]).
     pub dead_lettered: u64,
+    /// Messages not run because their deadline passed (see
+    /// [`WorkerStats::expired`]).
+    pub expired: u64,
     /// Futures spawned through [`futures_task::Spawn`].
     pub spawned: SpawnedStats,
     /// Whether a stop began.

@@ -66,6 +66,8 @@ pub(crate) struct Counters {
     pub(crate) retried: AtomicU64,
     /// Messages a retrying handler gave up on.
     pub(crate) dead_lettered: AtomicU64,
+    /// Messages not run because their deadline passed (`deadline.rs`).
+    pub(crate) expired: AtomicU64,
 }
 
 /// How long (µs) a stretch of a mailbox's turn must have run for its
