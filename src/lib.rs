@@ -187,11 +187,11 @@
 //!   as it does a queued message: it is never run again. An async attempt
 //!   that is itself pending ends [`TaskError::Cancelled`], as any
 //!   suspended future does.
-//! - **Visibility.** [`ExecutorStats::retried`] and
-//!   [`ExecutorStats::dead_lettered`] (per worker too), the `metrics`
-//!   series `keyed_executor_retries_total` and
-//!   `keyed_executor_messages_total{outcome="dead_lettered"}`, and a WARN
-//!   event per dead letter with the `tracing` feature.
+//! - **Visibility.** [`ExecutorStats::retried`],
+//!   [`ExecutorStats::dead_lettered`] and [`ExecutorStats::expired`] (per
+//!   worker too), the `metrics` series `keyed_executor_retries_total` and
+//!   `keyed_executor_messages_total{outcome="dead_lettered"|"expired"}`,
+//!   and a WARN event per dead letter with the `tracing` feature.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
@@ -239,8 +239,38 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Not yet: per-message deadlines and a receiver's time-to-live (a message
-//! whose deadline passed before it started is still run).
+//! **Deadlines.** [`handler::with_deadlines`] wraps a handler of `M` as
+//! one of [`Timed<M>`](handler::Timed): a message with its own deadline
+//! ([`Timed::until`](handler::Timed::until),
+//! [`Timed::within`](handler::Timed::within)) and the handler's
+//! time-to-live ([`Deadlined::ttl`](handler::Deadlined::ttl), counted from
+//! when the `Timed` was made), whichever comes first. A message whose
+//! deadline passed before it started is not run: it ends
+//! [`TaskError::Expired`], through its completion or to
+//! [`on_expire`](handler::Deadlined::on_expire) (for `send`), and counts as
+//! finished for the commit point. A started message is never interrupted;
+//! a retrying handler inside does not start an attempt past the deadline
+//! (the message ends `Expired`). Handlers that are not wrapped pay nothing.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use keyed_executor::handler::{self, Timed};
+//! use keyed_executor::{KeyedExecutor, TaskError};
+//!
+//! let executor = KeyedExecutor::builder().workers(1).build()?;
+//! let dispatcher = executor.dispatcher(
+//!     handler::with_deadlines(handler::from_fn(|_key: &u64, quote: u32| quote))
+//!         .ttl(Duration::from_secs(5)),
+//! );
+//! let receiver = dispatcher.receiver(16)?;
+//! let stale = Timed::until(1, Instant::now()); // already due
+//! match receiver.submit_blocking(7, stale)?.wait() {
+//!     Err(TaskError::Expired { message: Some(m) }) => assert_eq!(m.into_inner(), 1),
+//!     other => panic!("{other:?}"),
+//! }
+//! assert_eq!(receiver.submit_blocking(7, Timed::new(2))?.wait()?, 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! # Two front-ends
 //!
