@@ -252,6 +252,8 @@ fn settle_one(
             tally.cancelled += 1;
         }
         Err(TaskError::Panicked(panic)) => panic!("handler panicked: {panic}"),
+        // This handler does not retry, so nothing is dead-lettered.
+        Err(other) => panic!("unexpected end: {other}"),
     }
 }
 

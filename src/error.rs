@@ -168,6 +168,10 @@ impl<M> fmt::Display for SubmitError<M> {
 impl<M> std::error::Error for SubmitError<M> {}
 
 /// An accepted message did not produce an output.
+///
+/// Non-exhaustive: ways for a message to end may be added (as
+/// `DeadLettered` was); match with a wildcard arm.
+#[non_exhaustive]
 pub enum TaskError<M> {
     /// The handler (or its future) panicked. The mailbox and the worker went
     /// on with the next message.
@@ -179,6 +183,26 @@ pub enum TaskError<M> {
     /// A force stop dropped the message's suspended future: it started but did
     /// not finish, and will not.
     Cancelled,
+    /// A retrying handler ([`handler::retrying`](crate::handler::retrying))
+    /// gave the message up: its attempts ran out, or it failed in a way the
+    /// policy does not retry. It counts as finished for the commit point.
+    DeadLettered {
+        /// How many attempts it had (the last one included).
+        attempts: u32,
+        /// The last failure, as text (its `Display`).
+        error: String,
+        /// The message, if no dead-letter hook took it
+        /// ([`Retrying::on_dead_letter`](crate::handler::Retrying::on_dead_letter)).
+        message: Option<M>,
+    },
+    /// The message's deadline passed before it started
+    /// ([`handler::with_deadlines`](crate::handler::with_deadlines)): it
+    /// was not run. It counts as finished for the commit point.
+    Expired {
+        /// The message, if no expiry hook took it
+        /// ([`Deadlined::on_expire`](crate::handler::Deadlined::on_expire)).
+        message: Option<M>,
+    },
 }
 
 impl<M> TaskError<M> {
@@ -197,10 +221,52 @@ impl<M> TaskError<M> {
         matches!(self, TaskError::Cancelled)
     }
 
-    /// The rejected message, if this is [`Rejected`](TaskError::Rejected).
+    /// A retrying handler gave the message up.
+    pub fn is_dead_lettered(&self) -> bool {
+        matches!(self, TaskError::DeadLettered { .. })
+    }
+
+    /// The message's deadline passed before it started.
+    pub fn is_expired(&self) -> bool {
+        matches!(self, TaskError::Expired { .. })
+    }
+
+    /// The same error with the message it holds (if any) mapped by `f`:
+    /// for a handler that wraps another's messages.
+    ///
+    /// ```
+    /// use keyed_executor::TaskError;
+    ///
+    /// let e: TaskError<u8> = TaskError::Rejected(7);
+    /// assert_eq!(e.map_message(u32::from).into_message(), Some(7_u32));
+    /// ```
+    pub fn map_message<N>(self, f: impl FnOnce(M) -> N) -> TaskError<N> {
+        match self {
+            TaskError::Panicked(p) => TaskError::Panicked(p),
+            TaskError::Rejected(m) => TaskError::Rejected(f(m)),
+            TaskError::Cancelled => TaskError::Cancelled,
+            TaskError::DeadLettered {
+                attempts,
+                error,
+                message,
+            } => TaskError::DeadLettered {
+                attempts,
+                error,
+                message: message.map(f),
+            },
+            TaskError::Expired { message } => TaskError::Expired {
+                message: message.map(f),
+            },
+        }
+    }
+
+    /// The message handed back, if this is [`Rejected`](TaskError::Rejected),
+    /// or [`DeadLettered`](TaskError::DeadLettered) without a hook that took
+    /// it.
     pub fn into_message(self) -> Option<M> {
         match self {
             TaskError::Rejected(m) => Some(m),
+            TaskError::DeadLettered { message, .. } | TaskError::Expired { message } => message,
             _ => None,
         }
     }
@@ -220,6 +286,14 @@ impl<M> fmt::Debug for TaskError<M> {
             TaskError::Panicked(p) => f.debug_tuple("Panicked").field(p).finish(),
             TaskError::Rejected(_) => f.write_str("Rejected(..)"),
             TaskError::Cancelled => f.write_str("Cancelled"),
+            TaskError::DeadLettered {
+                attempts, error, ..
+            } => f
+                .debug_struct("DeadLettered")
+                .field("attempts", attempts)
+                .field("error", error)
+                .finish_non_exhaustive(),
+            TaskError::Expired { .. } => f.write_str("Expired(..)"),
         }
     }
 }
@@ -233,6 +307,15 @@ impl<M> fmt::Display for TaskError<M> {
             }
             TaskError::Cancelled => {
                 f.write_str("message cancelled: a force stop dropped its suspended future")
+            }
+            TaskError::DeadLettered {
+                attempts, error, ..
+            } => write!(
+                f,
+                "message dead-lettered after {attempts} attempt(s): {error}"
+            ),
+            TaskError::Expired { .. } => {
+                f.write_str("message expired: its deadline passed before it started")
             }
         }
     }

@@ -160,6 +160,118 @@
 //! blocking a sync handler's thread on a completion whose key needs that
 //! worker; see [`Receiver`].
 //!
+//! # Messages that fail
+//!
+//! A handler whose outcome is a `Result` can run under a [`RetryPolicy`]
+//! (attempts, [`Backoff`] with [`Jitter`], which errors are retried; a panic
+//! counts as a failed attempt): [`handler::retrying`] for a sync closure,
+//! which borrows the message (no `Clone` bound), and
+//! [`handler::retrying_async`] for an async one, whose future hands the
+//! message back with its error.
+//!
+//! - **Order holds, no worker is held.** A message waiting for its next
+//!   attempt keeps its key (the key's later messages wait behind it), keeps
+//!   its unit of credit, and holds no worker: the wait is on the handler's
+//!   own timer thread (one, started at the first backoff), which wakes the
+//!   mailbox. Other keys run meanwhile.
+//! - **Dead letters.** When attempts run out, or a failure is not retried,
+//!   the message goes to [`Retrying::on_dead_letter`](handler::Retrying::on_dead_letter)
+//!   with its key, last failure, attempt count and position (the hook runs
+//!   outside every lock of the crate, in `catch_unwind`); the completion
+//!   says [`TaskError::DeadLettered`] (with the message, if no hook took
+//!   it), and for the commit point it is finished: `committable()` moves
+//!   past it, so a poison record does not stall its partition.
+//! - **Stops.** A graceful stop lets a message in its backoff finish its
+//!   attempts (within the timeout); a force stop of any scope hands it back
+//!   at once as [`TaskError::Rejected`] (or to `on_reject` for a `send`),
+//!   as it does a queued message: it is never run again. An async attempt
+//!   that is itself pending ends [`TaskError::Cancelled`], as any
+//!   suspended future does.
+//! - **Visibility.** [`ExecutorStats::retried`],
+//!   [`ExecutorStats::dead_lettered`] and [`ExecutorStats::expired`] (per
+//!   worker too), the `metrics` series `keyed_executor_retries_total` and
+//!   `keyed_executor_messages_total{outcome="dead_lettered"|"expired"}`,
+//!   and a WARN event per dead letter with the `tracing` feature.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use std::time::Duration;
+//! use keyed_executor::handler::{self, DeadLetter};
+//! use keyed_executor::{Backoff, KeyedExecutor, RetryPolicy, TaskError};
+//!
+//! #[derive(Debug)]
+//! enum ApplyError { Unavailable, Malformed }
+//! impl std::fmt::Display for ApplyError {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+//!         write!(f, "{self:?}")
+//!     }
+//! }
+//!
+//! let policy = RetryPolicy::builder()
+//!     .max_attempts(3)
+//!     .backoff(Backoff::exponential(Duration::from_millis(1), Duration::from_millis(50)))
+//!     .retry_if(|e: &ApplyError| matches!(e, ApplyError::Unavailable))
+//!     .build()?;
+//! let dead = Arc::new(Mutex::new(Vec::new()));
+//! let d = dead.clone();
+//! let executor = KeyedExecutor::builder().workers(2).build()?;
+//! let dispatcher = executor.dispatcher(
+//!     handler::retrying(policy, |_account: &u64, record: &String| {
+//!         if record.starts_with('{') { Ok(record.len()) } else { Err(ApplyError::Malformed) }
+//!     })
+//!     // E.g. write it to a dead-letter stream; here, keep it.
+//!     .on_dead_letter(move |letter: DeadLetter<u64, String, ApplyError>| {
+//!         d.lock().unwrap().push((letter.position, letter.message));
+//!     }),
+//! );
+//! let receiver = dispatcher.receiver_builder().track_commits(true).build()?;
+//! let good = receiver.submit_blocking(7, "{}".to_owned())?;
+//! let poison = receiver.submit_blocking(7, "garbage".to_owned())?;
+//! let after = receiver.submit_blocking(7, "{\"n\":1}".to_owned())?;
+//! assert_eq!(good.wait()?, 2);
+//! match poison.wait() {
+//!     Err(TaskError::DeadLettered { attempts: 1, .. }) => {} // not retryable
+//!     other => panic!("{other:?}"),
+//! }
+//! assert_eq!(after.wait()?, 7);
+//! assert_eq!(receiver.committable(), 3); // the partition moved on
+//! assert_eq!(*dead.lock().unwrap(), [(1, "garbage".to_owned())]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! **Deadlines.** [`handler::with_deadlines`] wraps a handler of `M` as
+//! one of [`Timed<M>`](handler::Timed): a message with its own deadline
+//! ([`Timed::until`](handler::Timed::until),
+//! [`Timed::within`](handler::Timed::within)) and the handler's
+//! time-to-live ([`Deadlined::ttl`](handler::Deadlined::ttl), counted from
+//! when the `Timed` was made), whichever comes first. A message whose
+//! deadline passed before it started is not run: it ends
+//! [`TaskError::Expired`], through its completion or to
+//! [`on_expire`](handler::Deadlined::on_expire) (for `send`), and counts as
+//! finished for the commit point. A started message is never interrupted;
+//! a retrying handler inside does not start an attempt past the deadline
+//! (the message ends `Expired`). Handlers that are not wrapped pay nothing.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use keyed_executor::handler::{self, Timed};
+//! use keyed_executor::{KeyedExecutor, TaskError};
+//!
+//! let executor = KeyedExecutor::builder().workers(1).build()?;
+//! let dispatcher = executor.dispatcher(
+//!     handler::with_deadlines(handler::from_fn(|_key: &u64, quote: u32| quote))
+//!         .ttl(Duration::from_secs(5)),
+//! );
+//! let receiver = dispatcher.receiver(16)?;
+//! let stale = Timed::until(1, Instant::now()); // already due
+//! match receiver.submit_blocking(7, stale)?.wait() {
+//!     Err(TaskError::Expired { message: Some(m) }) => assert_eq!(m.into_inner(), 1),
+//!     other => panic!("{other:?}"),
+//! }
+//! assert_eq!(receiver.submit_blocking(7, Timed::new(2))?.wait()?, 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Two front-ends
 //!
 //! | | [`KeyedExecutor`] | [`Lanes`] |

@@ -742,7 +742,10 @@ impl Future for Sleep {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        if Instant::now() >= this.deadline {
+        // Under loom a sleep always goes through the thread (the path of a
+        // deadline that passes just after this check), so a model sees the
+        // thread's wake race whatever else it runs.
+        if cfg!(not(loom)) && Instant::now() >= this.deadline {
             this.unregister();
             return Poll::Ready(());
         }
@@ -760,7 +763,12 @@ impl Future for Sleep {
                     drop(old);
                     return Poll::Pending;
                 }
-                None => this.key = None,
+                // Fired (for this deadline: a `reset` forgets a fired
+                // entry): the deadline passed by the thread's clock.
+                None => {
+                    this.key = None;
+                    return Poll::Ready(());
+                }
             }
         }
         match insert(&this.inner, this.deadline, cx.waker().clone()) {

@@ -16,6 +16,7 @@
 //! | a step ran longer than the `slow_step` threshold (fields `dispatcher`, `key_hash`, `worker`, `running_for`, `finished`) | WARN | observe |
 //! | a spawned future panicked | WARN | spawn |
 //! | a queued message handed back by a force stop (fields `dispatcher`, `has_completion`) | DEBUG | dispatcher |
+//! | a message dead-lettered by a retrying handler (fields `attempts`, `position`, `error`) | WARN | handler |
 //! | a force stop finished: how many messages it handed back, futures it cancelled | INFO | executor |
 //! | a graceful shutdown timed out, or took more than half its timeout | WARN | executor |
 //! | a graceful shutdown finished | DEBUG | executor |
@@ -57,6 +58,29 @@ mod imp {
     #[inline]
     pub(crate) fn instrument<F>(future: F, span: MessageSpan) -> Instrumented<F> {
         tracing::Instrument::instrument(future, span.0)
+    }
+
+    /// Runs `f` on the future inside `future`, in its span (a poll through
+    /// the handler's `poll_outcome`).
+    #[inline]
+    pub(crate) fn in_span<F, R>(
+        future: std::pin::Pin<&mut Instrumented<F>>,
+        f: impl FnOnce(std::pin::Pin<&mut F>) -> R,
+    ) -> R {
+        let span = future.span().clone();
+        let _entered = span.enter();
+        f(future.inner_pin_mut())
+    }
+
+    #[cold]
+    pub(crate) fn dead_lettered(attempts: u32, position: u64, error: &dyn Display) {
+        tracing::warn!(
+            target: "keyed_executor",
+            attempts,
+            position,
+            error = %error,
+            "message dead-lettered"
+        );
     }
 
     #[cold]
@@ -187,6 +211,17 @@ mod imp {
     pub(crate) fn instrument<F>(future: F, _span: MessageSpan) -> Instrumented<F> {
         future
     }
+
+    #[inline(always)]
+    pub(crate) fn in_span<F, R>(
+        future: std::pin::Pin<&mut Instrumented<F>>,
+        f: impl FnOnce(std::pin::Pin<&mut F>) -> R,
+    ) -> R {
+        f(future)
+    }
+
+    #[inline(always)]
+    pub(crate) fn dead_lettered(_attempts: u32, _position: u64, _error: &dyn std::fmt::Display) {}
 
     #[inline(always)]
     pub(crate) fn handler_panicked(_dispatcher: &str, _worker: usize, _panic: &Panic) {}

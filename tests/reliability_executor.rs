@@ -372,6 +372,7 @@ impl Ledger {
                 Delivered::Rejected
             }
             Err(TaskError::Cancelled) => Delivered::Cancelled,
+            Err(e) => panic!("{id}: no retrying handler here: {e}"),
         };
         self.delivered(id, d);
     }

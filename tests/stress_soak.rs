@@ -302,6 +302,7 @@ fn soak_zipf_keys_async_waits_force_stops_and_restarts() {
                         book.mark(id, REJECTED);
                     }
                     Err(TaskError::Cancelled) => {} // its guard marked it
+                    Err(e) => panic!("no retrying handler here: {e}"),
                 }
             }
         }

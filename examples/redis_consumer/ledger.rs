@@ -9,8 +9,9 @@
 //! | `ledger:{p}` | partition `p`: a stream; a key's records are all in stream `partition_of(key)` |
 //! | group `ledger` on each stream | the consumer group; each entry is pending (delivered, not acked) until `XACK` |
 //! | `ledger:last`, `ledger:balance` | the applied state: per key, the last sequence number applied and the balance |
-//! | `ledger:stats` | `applied`, `duplicates` (a redelivery skipped), `gaps` (an order violation) |
-//! | `ledger:produced`, `ledger:expected` | what the producer wrote: per key, how many records and the balance they sum to |
+//! | `ledger:stats` | `applied`, `duplicates` (a redelivery skipped), `gaps` (an order violation), `dead` (dead-lettered) |
+//! | `ledger:dead` | the dead-letter stream: each record the handler could not apply, with its error and attempts |
+//! | `ledger:produced`, `ledger:expected` | what the producer wrote: per key, how many records and the balance they sum to; `ledger:meta`'s `poisoned`: how many of them cannot be applied |
 //! | `ledger:members` | live consumers: a sorted set scored by the server time its heartbeat expires |
 //! | `ledger:owner:{p}` | partition `p`'s lease: the owner's name with a TTL, `""` once released gracefully |
 //!
@@ -26,6 +27,19 @@
 //! a duplicate (a redelivery after a crash) and reports anything else as a
 //! gap, which halts the partition: its record stays pending for a person
 //! to look at.
+//!
+//! # Records that cannot be applied
+//!
+//! A record with a zero amount is malformed: the handler refuses it
+//! (every thousandth record the producer writes is one). The handler runs
+//! under a retry policy (`handler::retrying_async`): a refused record is
+//! tried three more times with backoff, its key's later records waiting
+//! behind it, and then goes to the dead-letter hook, which runs the `DEAD`
+//! script — idempotent by sequence number, like `APPLY`: it advances the
+//! key's last seq past the record, counts it, and `XADD`s it to
+//! `ledger:dead` with its error. Its completion says `DeadLettered`, and
+//! the record is acked: the partition moves on. A redelivered dead letter
+//! (after a crash) is skipped as a duplicate and not written twice.
 //!
 //! # Reading and acking
 //!
@@ -92,7 +106,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keyed_executor::{handler, Completion, Dispatcher, KeyedExecutor, Receiver, TaskError};
+use keyed_executor::handler::{self, DeadLetter};
+use keyed_executor::{
+    Backoff, Completion, Dispatcher, KeyedExecutor, Receiver, RetryPolicy, TaskError,
+};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult, Script, Value};
 use tokio::sync::watch;
@@ -107,6 +124,10 @@ const PRODUCED: &str = "ledger:produced";
 const EXPECTED: &str = "ledger:expected";
 const MEMBERS: &str = "ledger:members";
 const META: &str = "ledger:meta";
+/// The dead-letter stream.
+pub const DEAD_LETTERS: &str = "ledger:dead";
+/// Attempts a record gets before it is dead-lettered (three retries).
+pub const ATTEMPTS: u32 = 4;
 /// A lease's value once its owner released it gracefully.
 const RELEASED: &str = "";
 
@@ -163,16 +184,41 @@ redis.call('HINCRBY', KEYS[3], 'gaps', 1)
 return {-1, last}
 "#;
 
+/// Dead-letters a record the handler could not apply, idempotently by
+/// its sequence number: `seq == last + 1` advances the key past it, counts
+/// it and writes it to the dead-letter stream; `seq <= last` is a
+/// redelivery (a duplicate); anything else a gap.
+/// KEYS: last, stats, dead-letter stream. ARGV: key, seq, error, attempts.
+const DEAD: &str = r#"
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
+local seq = tonumber(ARGV[2])
+if seq == last + 1 then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('HINCRBY', KEYS[2], 'dead', 1)
+  redis.call('XADD', KEYS[3], '*', 'key', ARGV[1], 'seq', ARGV[2], 'error', ARGV[3], 'attempts', ARGV[4])
+  return 1
+elseif seq <= last then
+  redis.call('HINCRBY', KEYS[2], 'duplicates', 1)
+  return 0
+end
+redis.call('HINCRBY', KEYS[2], 'gaps', 1)
+return -1
+"#;
+
 /// Appends records, numbering each key's records 0, 1, 2, … (atomically
-/// with the append, so a key's sequence order is its stream order).
-/// KEYS: produced, expected, then every partition's stream.
+/// with the append, so a key's sequence order is its stream order), and
+/// counts the records that cannot be applied (a zero amount).
+/// KEYS: produced, expected, meta, then every partition's stream.
 /// ARGV: (partition, key, amount) triples.
 const PRODUCE: &str = r#"
 for i = 1, #ARGV, 3 do
   local p, key, amount = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]
   local seq = redis.call('HINCRBY', KEYS[1], key, 1) - 1
   redis.call('HINCRBY', KEYS[2], key, amount)
-  redis.call('XADD', KEYS[3 + p], '*', 'key', key, 'seq', seq, 'amount', amount)
+  if tonumber(amount) == 0 then
+    redis.call('HINCRBY', KEYS[3], 'poisoned', 1)
+  end
+  redis.call('XADD', KEYS[4 + p], '*', 'key', key, 'seq', seq, 'amount', amount)
 end
 return #ARGV / 3
 "#;
@@ -492,6 +538,45 @@ impl Store {
     }
 }
 
+impl Store {
+    /// The dead-letter hook: records `d` with the `DEAD` script before the
+    /// key's next record runs (the hook runs while the key is held), over
+    /// a connection of its own (the hook is sync; dead letters are rare).
+    /// Retries while Redis is away, unless the consumer died.
+    fn dead_letter(&self, d: DeadLetter<u64, Record, String>) {
+        let script = Script::new(DEAD);
+        let mut delay = Duration::from_millis(5);
+        while !self.link.cut.load(Ordering::SeqCst) {
+            let done = self.link.client.get_connection().and_then(|mut conn| {
+                script
+                    .key(LAST)
+                    .key(STATS)
+                    .key(DEAD_LETTERS)
+                    .arg(d.key)
+                    .arg(d.message.seq)
+                    .arg(d.failure.to_string())
+                    .arg(d.attempts)
+                    .invoke::<i64>(&mut conn)
+            });
+            match done {
+                Ok(_) => {
+                    self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Err(_) => {
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+}
+
+/// Why the handler refuses a record (before any write).
+fn unapplicable(r: &Record) -> Option<String> {
+    (r.amount == 0).then(|| format!("key {} seq {}: a zero amount is malformed", r.key, r.seq))
+}
+
 // ------------------------------------------------------------------ stats --
 
 /// A consumer's counters (this process's view; Redis keeps the totals).
@@ -513,6 +598,9 @@ pub struct Stats {
     pub acked: AtomicU64,
     /// Records a force stop handed back or cancelled (left pending).
     pub handed_back: AtomicU64,
+    /// Records the handler could not apply, written to the dead-letter
+    /// stream by this consumer.
+    pub dead_lettered: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one moment.
@@ -526,6 +614,7 @@ pub struct StatsSnapshot {
     pub claimed: u64,
     pub acked: u64,
     pub handed_back: u64,
+    pub dead_lettered: u64,
 }
 
 impl Stats {
@@ -540,6 +629,7 @@ impl Stats {
             claimed: get(&self.claimed),
             acked: get(&self.acked),
             handed_back: get(&self.handed_back),
+            dead_lettered: get(&self.dead_lettered),
         }
     }
 }
@@ -855,12 +945,28 @@ impl Consumer {
             apply: Script::new(APPLY),
             stats: stats.clone(),
         });
-        let s = store.clone();
-        let dispatcher =
-            executor.dispatcher(handler::from_async_fn(move |_key: u64, record: Record| {
+        let (s, dl) = (store.clone(), store.clone());
+        // A record the handler cannot apply is tried again after 5, 10 and
+        // 20 ms (its key's later records wait behind it), then dead-lettered.
+        let policy = RetryPolicy::builder()
+            .max_attempts(ATTEMPTS)
+            .backoff(Backoff::exponential(
+                Duration::from_millis(5),
+                Duration::from_millis(100),
+            ))
+            .build()?;
+        let dispatcher = executor.dispatcher(
+            handler::retrying_async(policy, move |_key: u64, record: Record| {
                 let store = s.clone();
-                async move { store.apply(record).await }
-            }));
+                async move {
+                    match unapplicable(&record) {
+                        Some(error) => Err((record, error)),
+                        None => Ok(store.apply(record).await),
+                    }
+                }
+            })
+            .on_dead_letter(move |d| dl.dead_letter(d)),
+        );
         runtime.block_on(async {
             let (_, mut conn) = store.link.get().await?;
             setup(&mut conn, cfg.partitions).await
@@ -1471,6 +1577,13 @@ impl Partition {
                     .handed_back
                     .fetch_add(1, Ordering::Relaxed);
             }
+            // Tried and refused `ATTEMPTS` times; the hook wrote it to the
+            // dead-letter stream (and advanced its key): ack it, move on.
+            Err(TaskError::DeadLettered { .. }) => self.acks.push(id),
+            Err(other) => {
+                self.halt
+                    .get_or_insert(format!("entry {id}: unexpected end: {other}"));
+            }
         }
     }
 
@@ -1558,9 +1671,12 @@ impl Partition {
 // --------------------------------------------------------------- producer --
 
 /// The amount of the `i`-th record produced: mostly deposits, some
-/// withdrawals.
+/// withdrawals, and every thousandth a malformed one (zero) that the
+/// handler cannot apply.
 pub fn amount_of(i: u64) -> i64 {
-    if i % 5 == 4 {
+    if i % 1000 == 999 {
+        0 // malformed: the handler refuses it, and it is dead-lettered
+    } else if i % 5 == 4 {
         -25
     } else {
         10
@@ -1586,7 +1702,7 @@ pub async fn produce(
     while done < records {
         let n = batch.min(records - done);
         let mut inv = script.prepare_invoke();
-        inv.key(PRODUCED).key(EXPECTED);
+        inv.key(PRODUCED).key(EXPECTED).key(META);
         for p in 0..partitions {
             inv.key(stream(p));
         }
@@ -1617,6 +1733,12 @@ pub struct Verification {
     pub keys: usize,
     pub produced: u64,
     pub applied: u64,
+    /// Records dead-lettered (by the `DEAD` script's count).
+    pub dead: u64,
+    /// Records the producer wrote that cannot be applied.
+    pub poisoned: u64,
+    /// Entries in the dead-letter stream.
+    pub dead_stream: u64,
     pub duplicates: u64,
     pub gaps: u64,
     /// Entries delivered and not acked, over all partitions.
@@ -1630,13 +1752,21 @@ pub struct Verification {
 }
 
 impl Verification {
-    /// Every record applied exactly once, in order, and acked.
+    /// Every record applied exactly once, in order, and acked; each one
+    /// that cannot be applied dead-lettered exactly once instead.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if self.applied != self.produced {
+        if self.applied + self.poisoned != self.produced {
             out.push(format!(
-                "{} applied of {} produced",
-                self.applied, self.produced
+                "{} applied of {} produced ({} cannot be)",
+                self.applied, self.produced, self.poisoned
+            ));
+        }
+        if self.dead != self.poisoned || self.dead_stream != self.poisoned {
+            out.push(format!(
+                "{} records cannot be applied, but {} were dead-lettered and the \
+                 dead-letter stream holds {}",
+                self.poisoned, self.dead, self.dead_stream
             ));
         }
         if self.gaps != 0 {
@@ -1663,16 +1793,22 @@ impl Verification {
     }
 }
 
-/// Totals from `ledger:stats`: (applied, duplicates, gaps).
+/// Totals from `ledger:stats`: (settled: applied or dead-lettered,
+/// duplicates, gaps).
 pub async fn totals(conn: &mut MultiplexedConnection) -> RedisResult<(u64, u64, u64)> {
-    let (a, d, g): (Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+    let (a, x, d, g): (Option<u64>, Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
         .arg(STATS)
         .arg("applied")
+        .arg("dead")
         .arg("duplicates")
         .arg("gaps")
         .query_async(conn)
         .await?;
-    Ok((a.unwrap_or(0), d.unwrap_or(0), g.unwrap_or(0)))
+    Ok((
+        a.unwrap_or(0) + x.unwrap_or(0),
+        d.unwrap_or(0),
+        g.unwrap_or(0),
+    ))
 }
 
 /// Records produced so far (the sum of every key's count).
@@ -1712,11 +1848,29 @@ pub async fn verify(
         .await?;
     let last: BTreeMap<u64, i64> = redis::cmd("HGETALL").arg(LAST).query_async(conn).await?;
     let balance: BTreeMap<u64, i64> = redis::cmd("HGETALL").arg(BALANCE).query_async(conn).await?;
-    let (applied, duplicates, gaps) = totals(conn).await?;
+    let (settled, duplicates, gaps) = totals(conn).await?;
+    let dead: Option<u64> = redis::cmd("HGET")
+        .arg(STATS)
+        .arg("dead")
+        .query_async(conn)
+        .await?;
+    let poisoned: Option<u64> = redis::cmd("HGET")
+        .arg(META)
+        .arg("poisoned")
+        .query_async(conn)
+        .await?;
+    let dead_stream: u64 = redis::cmd("XLEN")
+        .arg(DEAD_LETTERS)
+        .query_async(conn)
+        .await?;
+    let dead = dead.unwrap_or(0);
     let mut v = Verification {
         keys: produced.len(),
         produced: produced.values().sum(),
-        applied,
+        applied: settled - dead,
+        dead,
+        poisoned: poisoned.unwrap_or(0),
+        dead_stream,
         duplicates,
         gaps,
         pending: pending(conn, partitions).await?,

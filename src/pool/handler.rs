@@ -8,6 +8,17 @@
 
 use std::fmt;
 use std::future::{ready, Future, Ready};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use crate::completion::Outcome;
+
+pub use crate::pool::deadline::{with_deadlines, DeadlineFuture, Deadlined, Timed};
+pub use crate::pool::poison::{
+    retrying, retrying_async, AsyncKind, DeadLetter, LastFailure, RetryAsyncFuture, RetryFuture,
+    Retrying, SyncKind,
+};
 
 /// Runs one message of a key. The returned future is polled on the key's
 /// worker with the crate's own waker; the key's next message starts only
@@ -39,6 +50,55 @@ pub trait Handler<K, M>: Send + Sync + 'static {
 
     /// Starts the work of `message` for `key`.
     fn call(&self, key: &K, message: M) -> Self::Future;
+
+    /// Starts the work of `message` for `key`, knowing its `position` in
+    /// the receiver that accepted it (see
+    /// [`Receiver::committable`](crate::Receiver::committable)). The
+    /// dispatcher calls this one; the provided version ignores the
+    /// position and calls [`call`](Self::call). The retrying handler
+    /// ([`retrying`]) overrides it to seed its jitter and to tell its
+    /// dead-letter hook where the message stood.
+    #[inline(always)]
+    fn call_at(&self, key: &K, message: M, _position: u64) -> Self::Future {
+        self.call(key, message)
+    }
+
+    /// Starts the work of a message that must not *start* an attempt after
+    /// `deadline` (a [`Timed`] message in time, run by [`with_deadlines`]).
+    /// The provided version ignores the deadline and calls
+    /// [`call_at`](Self::call_at); the retrying handler ([`retrying`])
+    /// overrides it: a retry whose next attempt would start past the
+    /// deadline ends [`Expired`](crate::TaskError::Expired) instead.
+    #[inline(always)]
+    fn call_until(&self, key: &K, message: M, position: u64, _deadline: Instant) -> Self::Future {
+        self.call_at(key, message, position)
+    }
+
+    /// Polls a future this handler returned, as the dispatcher does: what
+    /// it is ready with is the message's outcome, which a handler may make
+    /// an error of the crate's own ([`TaskError`](crate::TaskError), e.g.
+    /// `DeadLettered`). The provided version polls the future and wraps
+    /// its output in `Ok`; it compiles to the plain poll.
+    #[inline(always)]
+    fn poll_outcome(
+        future: Pin<&mut Self::Future>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Outcome<Self::Output, M>> {
+        future.poll(cx).map(Ok)
+    }
+
+    /// Called by a force stop (`shutdown_now` of the executor, the
+    /// dispatcher or the receiver) on a pending future, just before it is
+    /// dropped: a future that has not begun the message's work in a way
+    /// that must not be repeated (e.g. one waiting for its next attempt)
+    /// may hand the message back, and it is then handed back as
+    /// [`Rejected`](crate::TaskError::Rejected) like a queued message,
+    /// instead of ending [`Cancelled`](crate::TaskError::Cancelled). The
+    /// provided version hands nothing back.
+    #[inline(always)]
+    fn reclaim(_future: Pin<&mut Self::Future>) -> Option<M> {
+        None
+    }
 }
 
 /// A sync handler: see [`from_fn`].

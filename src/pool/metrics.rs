@@ -75,7 +75,11 @@ mod imp {
         use metrics::{describe_counter, describe_gauge, describe_histogram};
         describe_counter!(
             "keyed_executor_messages_total",
-            "Messages by outcome: done, panicked, rejected (handed back by a stop: the executor's force stop or a receiver's or dispatcher's shutdown_now), cancelled (suspended future dropped by such a stop), refused (Full or Closed at submission)"
+            "Messages by outcome: done, panicked, rejected (handed back by a stop: the executor's force stop or a receiver's or dispatcher's shutdown_now), cancelled (suspended future dropped by such a stop), refused (Full or Closed at submission), dead_lettered (given up on by a retrying handler), expired (not run: its deadline passed)"
+        );
+        describe_counter!(
+            "keyed_executor_retries_total",
+            "Failed attempts that a retrying handler runs again, over every dispatcher"
         );
         describe_counter!(
             "keyed_executor_slow_steps_total",
@@ -235,6 +239,8 @@ mod imp {
         rejected: Counter,
         cancelled: Counter,
         refused: Counter,
+        dead_lettered: Counter,
+        expired: Counter,
         slow_steps: Counter,
         live_mailboxes: Gauge,
         queue: Histogram,
@@ -267,6 +273,8 @@ mod imp {
                 rejected: outcome("rejected"),
                 cancelled: outcome("cancelled"),
                 refused: outcome("refused"),
+                dead_lettered: outcome("dead_lettered"),
+                expired: outcome("expired"),
                 slow_steps: metrics::counter!("keyed_executor_slow_steps_total", "dispatcher" => n()),
                 live_mailboxes,
                 queue: metrics::histogram!("keyed_executor_queue_seconds", "dispatcher" => n()),
@@ -295,6 +303,16 @@ mod imp {
         #[cold]
         pub(crate) fn cancelled(&self) {
             self.0.cancelled.increment(1);
+        }
+
+        #[cold]
+        pub(crate) fn dead_lettered(&self) {
+            self.0.dead_lettered.increment(1);
+        }
+
+        #[cold]
+        pub(crate) fn expired(&self) {
+            self.0.expired.increment(1);
         }
 
         #[cold]
@@ -556,6 +574,13 @@ mod imp {
     pub(crate) fn mailboxes(cx: &WorkerCx<'_>, d: &DispatcherMetrics, delta: i64) {
         cx.metrics.mailboxes(cx, d, delta);
     }
+
+    /// A retrying handler runs a failed attempt again: counted at once
+    /// (a retry waits a backoff; one recorder look-up is nothing beside it).
+    #[cold]
+    pub(crate) fn retried() {
+        metrics::counter!("keyed_executor_retries_total").increment(1);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -646,6 +671,12 @@ mod imp {
         pub(crate) fn cancelled(&self) {}
 
         #[inline(always)]
+        pub(crate) fn dead_lettered(&self) {}
+
+        #[inline(always)]
+        pub(crate) fn expired(&self) {}
+
+        #[inline(always)]
         pub(crate) fn slow_step(&self) {}
 
         #[inline(always)]
@@ -697,6 +728,9 @@ mod imp {
 
     #[inline(always)]
     pub(crate) fn mailboxes(_cx: &WorkerCx<'_>, _d: &DispatcherMetrics, _delta: i64) {}
+
+    #[inline(always)]
+    pub(crate) fn retried() {}
 }
 
 pub(crate) use imp::*;

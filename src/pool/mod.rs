@@ -9,6 +9,8 @@
 //! - `executor.rs`: `KeyedExecutor`, its start and its stops.
 //! - `shared.rs`: `Shared`, the state every part of the pool reaches.
 //! - `handler.rs`: what a dispatcher runs for a message, sync or async.
+//! - `deadline.rs`: messages with a deadline, not run once it passed.
+//! - `poison.rs`: the retrying handler: attempts, backoffs, dead letters.
 //! - `dispatcher/`: one handler, its keys' routes and its per-worker ports
 //!   (`mod.rs` the public `Dispatcher`; `route`, `submit`, `port`, `turn`,
 //!   `keys`, `outcome`, `stop`, `erased`, `hasher`).
@@ -38,6 +40,7 @@
 pub(crate) mod batch;
 pub(crate) mod config;
 pub(crate) mod conserve;
+pub(crate) mod deadline;
 pub(crate) mod dispatcher;
 pub(crate) mod executor;
 pub mod handler;
@@ -45,6 +48,7 @@ pub(crate) mod inbox;
 pub(crate) mod mailbox;
 pub(crate) mod metrics;
 pub(crate) mod observe;
+pub(crate) mod poison;
 pub(crate) mod receiver;
 pub(crate) mod retry;
 pub(crate) mod shared;

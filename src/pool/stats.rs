@@ -36,6 +36,15 @@ pub struct WorkerStats {
     pub panicked: u64,
     /// Suspended futures of its mailboxes dropped by a force stop.
     pub cancelled: u64,
+    /// Failed attempts it ran that a retrying handler
+    /// ([`handler::retrying`](crate::handler::retrying)) runs again.
+    pub retried: u64,
+    /// Messages it ran that a retrying handler gave up on
+    /// ([`TaskError::DeadLettered`](crate::TaskError::DeadLettered)).
+    pub dead_lettered: u64,
+    /// Messages it did not run because their deadline passed
+    /// ([`TaskError::Expired`](crate::TaskError::Expired)).
+    pub expired: u64,
     /// Times it parked.
     pub parks: u64,
     /// Times someone woke it from a park.
@@ -101,6 +110,15 @@ pub struct ExecutorStats {
     pub rejected: u64,
     /// Suspended futures dropped by a force stop.
     pub cancelled: u64,
+    /// Failed attempts that retrying handlers run again (see
+    /// [`WorkerStats::retried`]).
+    pub retried: u64,
+    /// Messages that retrying handlers gave up on (see
+    /// [`WorkerStats::dead_lettered`]).
+    pub dead_lettered: u64,
+    /// Messages not run because their deadline passed (see
+    /// [`WorkerStats::expired`]).
+    pub expired: u64,
     /// Futures spawned through [`futures_task::Spawn`].
     pub spawned: SpawnedStats,
     /// Whether a stop began.

@@ -255,8 +255,21 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     #[inline]
-    fn call(&self, key: &K, msg: M) -> H::Future {
-        self.handler.call(key, msg)
+    fn call(&self, key: &K, msg: M, position: u64) -> H::Future {
+        self.handler.call_at(key, msg, position)
+    }
+
+    #[inline]
+    fn poll_outcome(
+        fut: std::pin::Pin<&mut H::Future>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Outcome<H::Output, M>> {
+        H::poll_outcome(fut, cx)
+    }
+
+    #[inline]
+    fn reclaim(fut: std::pin::Pin<&mut H::Future>) -> Option<M> {
+        H::reclaim(fut)
     }
 
     #[inline]

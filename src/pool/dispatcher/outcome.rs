@@ -129,6 +129,18 @@ where
                         .store(counters.panicked.load(Relaxed) + 1, Relaxed);
                     crate::pool::metrics::panicked(Some(cx), &self.ident.metrics);
                 }
+                // A retrying handler gave the message up (`poison.rs`).
+                Err(TaskError::DeadLettered { .. }) => {
+                    let n = &counters.dead_lettered;
+                    n.store(n.load(Relaxed) + 1, Relaxed);
+                    self.ident.metrics.dead_lettered();
+                }
+                // Its deadline passed before it started (`deadline.rs`).
+                Err(TaskError::Expired { .. }) => {
+                    let n = &counters.expired;
+                    n.store(n.load(Relaxed) + 1, Relaxed);
+                    self.ident.metrics.expired();
+                }
                 Err(_) => {}
             }
         }

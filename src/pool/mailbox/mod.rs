@@ -90,8 +90,19 @@ pub(crate) trait Produces<K, M> {
 /// to: declared here and implemented by the dispatcher
 /// (`dispatcher/erased.rs`), so that the mailbox knows no dispatcher type.
 pub(crate) trait Owner<K, M>: Produces<K, M> + Send + Sync + Sized + 'static {
-    /// Calls the handler: starts the work of `msg` for `key`.
-    fn call(&self, key: &K, msg: M) -> Self::Future;
+    /// Calls the handler: starts the work of `msg` for `key`, the message
+    /// at `position` of its source (`Handler::call_at`).
+    fn call(&self, key: &K, msg: M, position: u64) -> Self::Future;
+    /// Polls the handler's future for its outcome (`Handler::poll_outcome`:
+    /// a plain poll, unless the handler ends messages with crate errors, as
+    /// a retrying one does).
+    fn poll_outcome(
+        fut: std::pin::Pin<&mut Self::Future>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Outcome<Self::Output, M>>;
+    /// Asks a pending future for its message back (`Handler::reclaim`): a
+    /// force stop hands such a message back instead of cancelling it.
+    fn reclaim(fut: std::pin::Pin<&mut Self::Future>) -> Option<M>;
     /// The executor's state.
     fn shared(&self) -> &Arc<Shared>;
     /// The owner's name and metrics handles.

@@ -1,7 +1,6 @@
 //! The runner's side of a mailbox: starting a message, polling its future,
 //! the rest of a turn, and what follows a `Pending`.
 
-use std::future::Future;
 use std::hash::Hash;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -90,7 +89,7 @@ where
         cx.enter_handler(held.source, held.unit, held.passed());
         let called = catch_unwind(AssertUnwindSafe(|| {
             let _entered = span.enter();
-            this.owner.call(key, msg)
+            this.owner.call(key, msg, held.position())
         }));
         let outcome = match called {
             Ok(fut) => {
@@ -201,11 +200,13 @@ where
             // before it is dropped in place (`drop_future`), so pinning it is
             // sound.
             let fut = unsafe { Pin::new_unchecked((*f).as_mut().expect("a future is stored")) };
-            catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx)))
+            catch_unwind(AssertUnwindSafe(|| {
+                trace::in_span(fut, |fut| D::poll_outcome(fut, &mut cx))
+            }))
         });
         let outcome = match polled {
             Ok(Poll::Pending) => return Poll::Pending,
-            Ok(Poll::Ready(out)) => Ok(out),
+            Ok(Poll::Ready(outcome)) => outcome,
             Err(payload) => Err(TaskError::Panicked(Panic::new(payload))),
         };
         // SAFETY: we own the turn.
@@ -256,18 +257,48 @@ where
         // SAFETY: caller's contract.
         let meta = unsafe { self.meta.with_mut(|m| (*m).take()) };
         if let Some(meta) = meta {
+            // A future that can hand its message back (one waiting for its
+            // next attempt, see `poison.rs`) does: it ends `Rejected`.
+            // SAFETY: caller's contract: the future is ours and pinned in
+            // place.
+            let reclaimed = unsafe { self.reclaim_future() };
             // SAFETY: caller's contract.
             unsafe { self.drop_future() };
+            // SAFETY: a mailbox with a future has a key.
+            let key = unsafe { self.key() };
+            if let Some(msg) = reclaimed {
+                // Handed back as a queued message is: counted, through its
+                // completion or `on_reject`.
+                let env = Envelope {
+                    msg,
+                    reply: meta.reply,
+                    held: meta.held,
+                };
+                self.owner.reject(key, env);
+                return;
+            }
             self.owner.cancelled(self.home());
-            self.owner.finish(
-                // SAFETY: a mailbox with a future has a key.
-                unsafe { self.key() },
-                meta.reply,
-                meta.held,
-                None,
-                Err(TaskError::Cancelled),
-            );
+            self.owner
+                .finish(key, meta.reply, meta.held, None, Err(TaskError::Cancelled));
         }
+    }
+
+    /// Asks the stored future to hand its message back (`Owner::reclaim`),
+    /// in `catch_unwind`: a panic there hands nothing back.
+    ///
+    /// # Safety
+    /// The caller owns the mailbox (its turn, or a claimed `SUSPENDED`).
+    unsafe fn reclaim_future(&self) -> Option<M> {
+        self.future.with_mut(|f| {
+            // SAFETY: caller's contract: nobody else touches the cell; the
+            // future stays where it was pinned (see `poll_in_place`).
+            let fut = unsafe { (*f).as_mut() }?;
+            // SAFETY: as above: it is never moved before it is dropped.
+            let fut = unsafe { Pin::new_unchecked(fut) };
+            catch_unwind(AssertUnwindSafe(|| trace::in_span(fut, D::reclaim)))
+                .ok()
+                .flatten()
+        })
     }
 
     /// The rest of a turn (`RUNNING`, no future stored): up to `budget`

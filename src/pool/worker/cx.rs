@@ -296,6 +296,19 @@ impl<'a> WorkerCx<'a> {
 }
 
 impl WorkerCx<'_> {
+    /// A retrying handler's message failed an attempt and will run again
+    /// (`poison.rs`): counted on this worker, if the caller is one (it is
+    /// when the dispatcher polls the handler's future).
+    #[cold]
+    pub(crate) fn count_retry() {
+        Self::with_current(|cx| {
+            // Only this worker's thread writes it: no RMW needed.
+            let retried = &cx.me().counters.retried;
+            retried.store(retried.load(Relaxed) + 1, Relaxed);
+        });
+        crate::pool::metrics::retried();
+    }
+
     /// The one way to the current thread's context: runs `f` with it if
     /// this thread is a worker (of any executor; see
     /// [`is_of`](Self::is_of)) and returns what `f` returns.

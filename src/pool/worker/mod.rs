@@ -60,6 +60,12 @@ pub(crate) struct Counters {
     pub(crate) unparks: AtomicU64,
     pub(crate) spin_hits: AtomicU64,
     pub(crate) gave_way: AtomicU64,
+    /// Failed attempts that a retrying handler runs again (`poison.rs`).
+    pub(crate) retried: AtomicU64,
+    /// Messages a retrying handler gave up on.
+    pub(crate) dead_lettered: AtomicU64,
+    /// Messages not run because their deadline passed (`deadline.rs`).
+    pub(crate) expired: AtomicU64,
 }
 
 /// One worker's shared half.
