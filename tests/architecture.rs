@@ -1,6 +1,7 @@
 //! The layering ARCHITECTURE.md promises, checked on the sources: the two
 //! front-ends (`src/pool/`, `src/lanes/`) never import each other, and the
-//! shared files at the top of `src/` import neither.
+//! shared files at the top of `src/` import neither; and no source file
+//! grows past 900 lines.
 //!
 //! Only code is read: comments (doc links to the other front-end are
 //! fine) are skipped.
@@ -56,5 +57,27 @@ fn front_ends_and_shared_files_import_only_downwards() {
         wrong.is_empty(),
         "imports against the layering:\n{}",
         wrong.join("\n")
+    );
+}
+
+/// No file in `src/` grows past what a reader takes in at once: a file
+/// that does is holding more than one concept and should be split by them.
+#[test]
+fn no_source_file_is_over_900_lines() {
+    const MAX_LINES: usize = 900;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut long: Vec<_> = files
+        .iter()
+        .map(|f| (f, fs::read_to_string(f).unwrap().lines().count()))
+        .filter(|&(_, n)| n > MAX_LINES)
+        .map(|(f, n)| format!("{}: {n} lines", f.strip_prefix(&src).unwrap().display()))
+        .collect();
+    long.sort();
+    assert!(
+        long.is_empty(),
+        "files over {MAX_LINES} lines:\n{}",
+        long.join("\n")
     );
 }
