@@ -52,14 +52,12 @@ use crate::error::ConfigError;
 use crate::pool::config::{Builder, Config};
 use crate::pool::dispatcher::{Dispatcher, DispatcherBuilder};
 use crate::pool::handler::Handler;
+use crate::pool::shared::Shared;
 use crate::pool::stats::ExecutorStats;
 use crate::pool::worker::{self, Worker};
 use crate::sync::atomic::Ordering::*;
 use crate::sync::{thread, Arc};
 use crate::trace;
-
-// `source.rs` and `receiver.rs` name `Shared` through this path.
-pub(crate) use crate::pool::shared::Shared;
 
 impl Builder {
     /// Validates the settings and starts the workers.

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use crate::completion::Completion;
 use crate::error::SubmitError;
-use crate::pool::executor::Shared;
 use crate::pool::mailbox::Envelope;
 use crate::pool::observe::Identity;
+use crate::pool::shared::Shared;
 use crate::pool::source::{wait_all_drained, Acquire, Settings, SourceHandle, SourceRef};
 use crate::pool::worker;
 use crate::sync::Arc;

@@ -62,7 +62,7 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::pool::executor::Shared;
+use crate::pool::shared::Shared;
 use crate::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use crate::sync::{Arc, Mutex};
 use crate::waiter::Waiter;
