@@ -4,20 +4,20 @@
 //! every guarantee holds while that work moves — per-key order and one at
 //! a time, nothing lost, retirement, force stop.
 //!
-//! Under loom every running worker counts as stuck at its first look
-//! (`Worker::look`), so a steal or a takeover is explored wherever one
+//! Under loom every running worker counts as stuck at its first watch
+//! (`Worker::watch`), so a steal of a task or of a turn is explored wherever one
 //! can happen. Keys 0 and 1 share a bucket here (loom has two, and the
 //! fixed hasher puts both keys in the first), so they share a port: key 1's
 //! message waits in the same inbox as key 0's next one.
 //!
 //! Each model's first assertion is the capability itself: the main thread
 //! waits for a message queued *behind* a blocked step before it lets that
-//! step return. Without the steal (or the takeover) it waits forever, and
+//! step return. Without the steal it waits forever, and
 //! loom reports the deadlock.
 //!
-//! Submitters never look at a busy port's worker: the idle workers find
+//! Submitters never watch a busy port's worker: the idle workers find
 //! what waits behind a blocked step in a port's turn by watching. The
-//! models of that (`takeover_vs_submit`, `watch_vs_park`) ask for watchers
+//! models of that (`steal_turn_vs_submit`, `watch_vs_park`) ask for watchers
 //! (`common::watching`), whose watching park is a loop of yields here, and
 //! fit in one preemption; the others queue tasks, which
 //! `Shared::schedule` looks behind, and keep workers that park until woken.
@@ -39,19 +39,19 @@ use loom::thread;
 /// Takeover vs. submit: message 1 of key 0 blocks the worker running its
 /// port's turn; then key 0's message 2 and key 1's message 3 arrive in
 /// that port's inbox. The idle worker takes over the turn: 3 runs while 1
-/// still blocks, 2 waits for 1 (queued in 1's mailbox, which the takeover
+/// still blocks, 2 waits for 1 (queued in 1's mailbox, which the stolen turn
 /// put in the map). When 1 returns, its worker runs 2 as that mailbox and
 /// retires it. (Retirement racing a submit, with work conservation on, is
 /// `executor_order::retire_vs_submit`.) Nobody but the idle worker looks:
 /// it takes the turn over before it parks, or when its watch comes round;
 /// asleep deep, it is called by the submit of 2 or 3, which finds it
-/// counted (`Shared::ensure_watcher`). With that call removed, this model
+/// counted (`Shared::call_watcher`). With that call removed, this model
 /// deadlocks (checked).
 /// At most one preemption: the watching worker's loop puts two out of
 /// reach.
 #[test]
-fn takeover_vs_submit() {
-    model_bounded("takeover_vs_submit", Some(1), || {
+fn steal_turn_vs_submit() {
+    model_bounded("steal_turn_vs_submit", Some(1), || {
         let log = Log::new();
         let ex = watching(2, 16);
         let (d, r) = scripted_receiver(&ex, &log, 4);
@@ -79,17 +79,18 @@ fn takeover_vs_submit() {
 /// blocks the turn, and only a worker that looks again can take the rest
 /// over. Either the parking worker sees the port or its worker active
 /// and watches, or key 1's submit, after its push, sees it counted deep
-/// and calls it ("Who watches" in `executor.rs`). Without either half, an
+/// and calls it ("The pusher's side" in `src/pool/conserve/mod.rs`). Without either half, an
 /// execution parks it for good and loom reports the deadlock (checked:
 /// with the submitter's call removed, it fails).
 /// At most one preemption: the watching worker's loop puts two out of
-/// reach (it did not finish in 16 minutes). The sleeper's look at the
+/// reach (it did not finish in 16 minutes). The sleeper's watch of the
 /// ports covers a race this model cannot reach: a second submitter that
-/// loses the port's IDLE → SCHEDULED race reads the deep count before the
+/// loses the port's IDLE → SCHEDULED race reads the sleeper count before the
 /// sleeper counts itself, while the winner has not yet pushed the port's
 /// task. A model with that second submitter ran 2.5 million executions in
 /// 17 minutes at one preemption and did not reach it either (with the
-/// look removed it still passed), so it is argued in `executor.rs`, not
+/// watch removed it still passed), so it is argued in
+/// `src/pool/conserve/mod.rs`, not
 /// modelled.
 #[test]
 fn watch_vs_park() {

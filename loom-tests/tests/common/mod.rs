@@ -51,7 +51,7 @@ pub fn executor(workers: usize, throughput: usize) -> KeyedExecutor {
 
 /// An executor with the default work conservation (under loom every
 /// running worker counts as stuck at the first look, so steals and
-/// takeovers happen wherever they can).
+/// stolen turns happen wherever they can).
 pub fn conserving(workers: usize, throughput: usize) -> KeyedExecutor {
     KeyedExecutor::builder()
         .workers(workers)
@@ -64,7 +64,7 @@ pub fn conserving(workers: usize, throughput: usize) -> KeyedExecutor {
 /// (`Builder::loom_watchers`): a worker going idle while another is active
 /// parks "watching" (a yield here, loom having no clock) and looks again,
 /// as outside loom. Submitters never look at a busy port's worker, so a
-/// takeover of a turn that a step holds up needs a watcher. The yield loop
+/// steal of a turn that a step holds up needs a watcher. The yield loop
 /// multiplies the executions: these models fit in one preemption.
 pub fn watching(workers: usize, throughput: usize) -> KeyedExecutor {
     KeyedExecutor::builder()
