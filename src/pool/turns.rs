@@ -1,7 +1,7 @@
 //! What a worker remembers of the turns of keys without a mailbox.
 //!
-//! A key with nothing queued runs its message at once in lent its port's loaner
-//! (see `dispatcher.rs`); that message counts against the `throughput` of
+//! A key with nothing queued runs its message at once in its port's loaner
+//! (see `dispatcher/turn.rs`); that message counts against the `throughput` of
 //! the key's turn, so a key whose messages keep arriving one at a time
 //! cannot run more than a turn's worth in a row while others wait. Its turn
 //! is the one it ran in this very task, or in the task just before it on
@@ -16,8 +16,10 @@
 //! serves the ports of many dispatchers). A port's turn records every key
 //! it runs lent and takes as many deliveries as its inbox held, so
 //! a table grows (doubling) to stay at most a quarter full — lookups stay
-//! exact and short — and goes back to [`RECORDS`] records when it is emptied
-//! after a task that recorded few keys.
+//! exact and short — and goes back to [`RECORDS`] records once
+//! [`SHRINK_AFTER`] tasks in a row recorded few keys (not after one: under
+//! a steady load tasks of many keys and of few alternate, and a table that
+//! shrank after each would grow again in the next).
 //!
 //! The tables belong to the worker's thread (`WorkerCx`), not to a port:
 //! one pair per worker, whatever the number of dispatchers.
@@ -27,6 +29,10 @@
 const RECORDS: usize = 256;
 
 const _: () = assert!(RECORDS.is_power_of_two());
+
+/// Emptyings in a row, after tasks that recorded few keys, before a grown
+/// table goes back to [`RECORDS`] records.
+const SHRINK_AFTER: u32 = 64;
 
 /// See the module docs.
 pub(crate) struct Turns {
@@ -40,6 +46,8 @@ struct Table {
     generation: u32,
     /// Entries of this generation.
     len: usize,
+    /// Emptyings in a row, while grown, after a task that recorded few keys.
+    small: u32,
     /// A power of two, at least `RECORDS`.
     records: Box<[Record]>,
 }
@@ -59,6 +67,7 @@ impl Table {
             tick: u32::MAX,
             generation: 1,
             len: 0,
+            small: 0,
             records: vec![Record::default(); RECORDS].into_boxed_slice(),
         }
     }
@@ -80,15 +89,22 @@ impl Table {
         }
     }
 
-    /// Empties the table: a new generation, and the small size again if
-    /// the last task recorded few keys.
+    /// Empties the table: a new generation, and the small size again once
+    /// [`SHRINK_AFTER`] tasks in a row recorded few keys.
     fn clear(&mut self) {
-        if self.records.len() > RECORDS && self.len <= RECORDS / 4 {
-            *self = Table {
-                tick: self.tick,
-                ..Table::new()
+        if self.records.len() > RECORDS {
+            self.small = if self.len <= RECORDS / 4 {
+                self.small + 1
+            } else {
+                0
             };
-            return;
+            if self.small >= SHRINK_AFTER {
+                *self = Table {
+                    tick: self.tick,
+                    ..Table::new()
+                };
+                return;
+            }
         }
         self.len = 0;
         self.generation = self.generation.wrapping_add(1);
@@ -187,16 +203,24 @@ mod tests {
             assert_eq!(turns.spent(1, h, 9), 0, "two tasks later: a fresh turn");
         }
         assert_eq!(turns.spent(1, 12345, 7), 0, "a key not recorded");
-        // Task 9 writes table 1 again: emptied, and small again once the
-        // task after a small one empties it.
+        // Task 9 writes table 1 again: emptied, and kept at its size.
         turns.record(1, 1, 1, 9);
         assert_eq!(turns.spent(1, hashes(1).next().unwrap(), 9), 0);
         assert!(turns.tables[1].records.len() > RECORDS, "emptied, kept");
-        turns.record(1, 1, 2, 11);
+        // Tasks of few keys keep the grown table, SHRINK_AFTER of them in a
+        // row give it back.
+        let mut tick = 9;
+        for _ in 1..SHRINK_AFTER {
+            tick += 2;
+            turns.record(1, 1, 1, tick);
+            assert!(turns.tables[1].records.len() > RECORDS, "kept while few");
+        }
+        tick += 2;
+        turns.record(1, 1, 2, tick);
         assert_eq!(turns.tables[1].records.len(), RECORDS, "back to small");
-        assert_eq!(turns.spent(1, 1, 11), 2);
-        assert_eq!(turns.spent(1, 1, 12), 2);
-        assert_eq!(turns.spent(1, 1, 13), 0);
+        assert_eq!(turns.spent(1, 1, tick), 2);
+        assert_eq!(turns.spent(1, 1, tick + 1), 2);
+        assert_eq!(turns.spent(1, 1, tick + 2), 0);
     }
 
     #[test]
