@@ -16,10 +16,12 @@
 //! serves the ports of many dispatchers). A port's turn records every key
 //! it runs lent and takes as many deliveries as its inbox held, so
 //! a table grows (doubling) to stay at most a quarter full — lookups stay
-//! exact and short — and goes back to [`RECORDS`] records once
-//! [`SHRINK_AFTER`] tasks in a row recorded few keys (not after one: under
-//! a steady load tasks of many keys and of few alternate, and a table that
-//! shrank after each would grow again in the next).
+//! exact and short — and goes back to [`RECORDS`] records after a task
+//! that recorded few keys: at once if it had grown past [`KEEP_MAX`]
+//! records (a burst of many keys; memory follows the live keys), else
+//! once [`SHRINK_AFTER`] such tasks came in a row (under a steady load
+//! tasks of many keys and of few alternate, and a table that shrank after
+//! each would grow again in the next).
 //!
 //! The tables belong to the worker's thread (`WorkerCx`), not to a port:
 //! one pair per worker, whatever the number of dispatchers.
@@ -33,6 +35,10 @@ const _: () = assert!(RECORDS.is_power_of_two());
 /// Emptyings in a row, after tasks that recorded few keys, before a grown
 /// table goes back to [`RECORDS`] records.
 const SHRINK_AFTER: u32 = 64;
+
+/// The largest table kept through tasks of few keys (96 KiB of records);
+/// a larger one goes back to [`RECORDS`] after the first such task.
+const KEEP_MAX: usize = 4096;
 
 /// See the module docs.
 pub(crate) struct Turns {
@@ -89,8 +95,8 @@ impl Table {
         }
     }
 
-    /// Empties the table: a new generation, and the small size again once
-    /// [`SHRINK_AFTER`] tasks in a row recorded few keys.
+    /// Empties the table: a new generation, and the small size again after
+    /// tasks that recorded few keys (see the module docs).
     fn clear(&mut self) {
         if self.records.len() > RECORDS {
             self.small = if self.len <= RECORDS / 4 {
@@ -98,7 +104,7 @@ impl Table {
             } else {
                 0
             };
-            if self.small >= SHRINK_AFTER {
+            if self.small >= SHRINK_AFTER || (self.small > 0 && self.records.len() > KEEP_MAX) {
                 *self = Table {
                     tick: self.tick,
                     ..Table::new()
@@ -203,13 +209,23 @@ mod tests {
             assert_eq!(turns.spent(1, h, 9), 0, "two tasks later: a fresh turn");
         }
         assert_eq!(turns.spent(1, 12345, 7), 0, "a key not recorded");
-        // Task 9 writes table 1 again: emptied, and kept at its size.
+        // Task 9 writes table 1 again: emptied, kept at its size. Task 11
+        // empties it after task 9's few keys: grown past KEEP_MAX (a burst),
+        // it is small again at once.
         turns.record(1, 1, 1, 9);
         assert_eq!(turns.spent(1, hashes(1).next().unwrap(), 9), 0);
-        assert!(turns.tables[1].records.len() > RECORDS, "emptied, kept");
-        // Tasks of few keys keep the grown table, SHRINK_AFTER of them in a
-        // row give it back.
-        let mut tick = 9;
+        assert!(turns.tables[1].records.len() > KEEP_MAX, "emptied, kept");
+        turns.record(1, 1, 1, 11);
+        assert_eq!(turns.tables[1].records.len(), RECORDS, "a burst's table");
+        // A table grown less far is kept through tasks of few keys, until
+        // SHRINK_AFTER of them in a row.
+        for h in hashes(KEEP_MAX as u64 / 8) {
+            turns.record(1, h, 1, 13);
+        }
+        let grown = turns.tables[1].records.len();
+        assert!(grown > RECORDS && grown <= KEEP_MAX, "{grown}");
+        turns.record(1, 1, 1, 15);
+        let mut tick = 15;
         for _ in 1..SHRINK_AFTER {
             tick += 2;
             turns.record(1, 1, 1, tick);
