@@ -18,7 +18,8 @@
 //! a table grows (doubling) to stay at most a quarter full — lookups stay
 //! exact and short — and goes back to [`RECORDS`] records after a task
 //! that recorded few keys: at once if it had grown past [`KEEP_MAX`]
-//! records (a burst of many keys; memory follows the live keys), else
+//! records (a burst of many keys; memory follows the live keys: such a
+//! table also goes when its worker runs out of work, [`Turns::trim`]), else
 //! once [`SHRINK_AFTER`] such tasks came in a row (under a steady load
 //! tasks of many keys and of few alternate, and a table that shrank after
 //! each would grow again in the next).
@@ -145,6 +146,17 @@ impl Turns {
         }
     }
 
+    /// Forgets a table grown past [`KEEP_MAX`] records: its worker is out of
+    /// work (about to park), so no key waits behind the turns it records,
+    /// and memory follows the live keys.
+    pub(crate) fn trim(&mut self) {
+        for table in &mut self.tables {
+            if table.records.len() > KEEP_MAX {
+                *table = Table::new();
+            }
+        }
+    }
+
     /// Messages the key with `hash` of `port` ran in its current turn
     /// (`tick` is the task running now).
     #[inline]
@@ -237,6 +249,20 @@ mod tests {
         assert_eq!(turns.spent(1, 1, tick), 2);
         assert_eq!(turns.spent(1, 1, tick + 1), 2);
         assert_eq!(turns.spent(1, 1, tick + 2), 0);
+    }
+
+    #[test]
+    fn trimming_forgets_only_a_burst_table() {
+        let mut turns = Turns::new();
+        for h in hashes(KEEP_MAX as u64) {
+            turns.record(1, h, 1, 3);
+        }
+        turns.record(1, 7, 2, 4);
+        assert!(turns.tables[1].records.len() > KEEP_MAX);
+        turns.trim();
+        assert_eq!(turns.tables[1].records.len(), RECORDS, "the burst's table");
+        assert_eq!(turns.spent(1, hashes(1).next().unwrap(), 4), 0);
+        assert_eq!(turns.spent(1, 7, 4), 2, "a small table is kept");
     }
 
     #[test]

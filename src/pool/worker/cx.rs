@@ -207,6 +207,12 @@ impl<'a> WorkerCx<'a> {
             .record(port, hash, spent, self.tick());
     }
 
+    /// Out of work, about to park: a turn table a burst of keys grew goes
+    /// (see `Turns::trim`).
+    pub(crate) fn trim_turns(&self) {
+        self.turns.borrow_mut().trim();
+    }
+
     /// A message of `credit` finished on this worker.
     #[inline]
     pub(crate) fn release_credit(&self, credit: SourceRef) {

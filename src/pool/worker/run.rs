@@ -70,6 +70,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // a push, a stop, and (during a graceful stop) the retirement of the
         // last mailbox, whose retirer wakes only workers it sees parked.
         cx.metrics.flush(&cx);
+        cx.trim_turns();
         shared.metrics.parking();
         me.state.swap(Worker::PARKED, SeqCst);
         fence(SeqCst);
