@@ -127,8 +127,7 @@ impl Backoff {
 /// `f64` (exact for the usual factors while the delay is under 2^53 ns,
 /// about 104 days) and saturating at `max`, whatever the exponent.
 fn scaled(initial: Duration, factor: f64, exponent: u32, max: Duration) -> Duration {
-    // Past `i32::MAX` the power is infinite anyway (the factor is above 1).
-    let power = factor.powi(i32::try_from(exponent).unwrap_or(i32::MAX));
+    let power = power(factor, exponent);
     let nanos = initial.as_nanos() as f64 * power;
     // A NaN (impossible after validation) also lands on `max`.
     if nanos.is_nan() || nanos >= max.as_nanos() as f64 {
@@ -140,6 +139,21 @@ fn scaled(initial: Duration, factor: f64, exponent: u32, max: Duration) -> Durat
         // Over 584 years but still under `max`: seconds keep the range.
         Duration::from_secs_f64(nanos / 1e9).min(max)
     }
+}
+
+/// `base^exponent` by squaring: plain multiplications, each exact while
+/// the products are integers under 2^53 (`powi` may round differently on
+/// another target or interpreter); past `f64::MAX` it is infinite.
+fn power(mut base: f64, mut exponent: u32) -> f64 {
+    let mut acc = 1.0;
+    while exponent > 0 {
+        if exponent & 1 == 1 {
+            acc *= base;
+        }
+        base *= base;
+        exponent >>= 1;
+    }
+    acc
 }
 
 /// How each delay of a [`Backoff`] is spread out, so that messages that
