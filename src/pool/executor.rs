@@ -10,7 +10,7 @@
 //! Graceful stop, [`KeyedExecutor::shutdown`]:
 //! 1. Set `CLOSED`, then wake every parked worker and every submitter
 //!    waiting for credit (it leaves with `Closed(msg)`; see `Acquire` in
-//!    `source.rs`).
+//!    `source/`).
 //! 2. From now on a submit is refused with `Closed(msg)`: the flag is read
 //!    after the submitter took its unit of credit, so a submit that got in
 //!    before is counted in its source's units, which step 3 waits for.

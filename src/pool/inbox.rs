@@ -22,7 +22,7 @@
 //!   lines (see `new_block`). An entry claimed
 //!   but not yet written stops the consumer there, so the queue is FIFO in
 //!   claim order; [`pop`](Inbox::pop) then returns `None` and the producer,
-//!   which checks its port's state after its push (see `dispatcher.rs`),
+//!   which checks its port's state after its push (see `dispatcher/submit.rs`),
 //!   schedules the port again. No read-modify-write is paid per value on
 //!   the consumer's side.
 //!

@@ -17,7 +17,7 @@
 //! - `receiver/`: the sources that feed a dispatcher: the type, its builder,
 //!   admission and its futures.
 //! - `batch.rs`: a receiver's batched sends (`send_batch` and its forms).
-//! - `retry.rs`: retry policies: attempts, backoff, jitter, which failures
+//! - `retry/`: retry policies: attempts, backoff, jitter, which failures
 //!   retry.
 //! - `source/`: a receiver's shared state: credit, positions, drains,
 //!   whether it takes messages, and its commit point.

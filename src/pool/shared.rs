@@ -46,7 +46,7 @@ pub(crate) struct Shared {
     /// `KeyedExecutor` handles; the last one dropped force-stops the pool.
     pub(super) owners: AtomicUsize,
     pub(crate) rejected: AtomicU64,
-    /// Every source that is alive (see `source.rs`).
+    /// Every source that is alive (see `source/mod.rs`).
     sources: Mutex<Vec<SourceRef>>,
     /// Futures spawned through `futures_task::Spawn` (see `spawn.rs`).
     pub(crate) spawned: Spawned,
@@ -249,7 +249,7 @@ impl Shared {
 
     /// After a stop set `CLOSED`: every submitter waiting for credit (or
     /// for a commit span) leaves with `Closed(its message)` instead of
-    /// waiting for a unit (see `Acquire` in `source.rs`). A source
+    /// waiting for a unit (see `Acquire` in `source/credit.rs`). A source
     /// registered after this look is made after the flag, and its first
     /// waiter sees it.
     fn release_waiters(&self) {

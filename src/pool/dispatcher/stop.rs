@@ -9,7 +9,7 @@
 //!   with the submitter, who never sees mailboxes.
 //! - submit vs. graceful stop: the executor's `CLOSED` flag is read after
 //!   the credit unit is taken, and the stop waits until no receiver has a
-//!   unit out (see `source.rs`), so a message that got in is run.
+//!   unit out (see `source/`), so a message that got in is run.
 //! - submit vs. force stop: the stop sets `FORCED`, then for each port
 //!   takes the gate, marks the port `closed`, rejects what the inbox holds
 //!   and takes every mailbox out of the map; then, on the stopping thread,
@@ -51,7 +51,7 @@ where
     H: Handler<K, M>,
     S: BuildHasher + Send + Sync + 'static,
 {
-    /// A source stop, on the stopping thread (see `receiver.rs`): hands back
+    /// A source stop, on the stopping thread (see `receiver/mod.rs`): hands back
     /// every message of a source that `stopped` picks waiting in this
     /// dispatcher's ports (inboxes and mailbox queues) and cancels their
     /// suspended futures; a mailbox running a step is asked to look before

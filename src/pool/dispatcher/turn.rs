@@ -141,7 +141,7 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     /// Port `p`'s turn on `cx`'s worker: take the deliveries its inbox
-    /// holds now, in order (see "Fairness" and `mailbox.rs`).
+    /// holds now, in order (see "Fairness" and `mailbox/mod.rs`).
     pub(super) fn run_port(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
         let port = this.ports.made(p);
         port.state.begin_turn();

@@ -142,7 +142,7 @@ pub(crate) struct Envelope<M, O> {
 /// Invariant: the message keeps `source` alive by its unit when `unit` is
 /// a plain unit of `source`, and by a handle count otherwise — when
 /// it holds a share of a unit (a follow-up, or a message that passed its
-/// unit on; see `receiver.rs`).
+/// unit on; see `receiver/admit.rs`).
 ///
 /// 24 bytes: a delivery's size is paid on every message (inbox entries,
 /// mailbox queues), so the flag that the message passed its unit on lives

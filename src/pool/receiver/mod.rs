@@ -37,7 +37,7 @@ pub use future::{SendFuture, ShutdownFuture, SubmitFuture};
 pub(crate) type Batch<K, M, O> = Vec<(K, Envelope<M, O>)>;
 
 /// The type-erased face of a dispatcher that handles and receivers hold.
-/// (Defined here, implemented by `dispatcher.rs`: the receiver states what
+/// (Defined here, implemented by `dispatcher/erased.rs`: the receiver states what
 /// it needs from a dispatcher.)
 pub(crate) trait Core<K, M, O>: Send + Sync {
     /// Accepts `env` (its unit of credit taken) and returns its position,

@@ -56,7 +56,7 @@ pub(crate) struct WorkerCx<'a> {
 }
 
 /// The message whose handler a worker runs now, with the unit of credit
-/// a message it sends may share (see `receiver.rs`, "Sending from a
+/// a message it sends may share (see `receiver/admit.rs`, "Sending from a
 /// handler").
 #[derive(Clone, Copy)]
 pub(crate) enum Handling {
@@ -410,7 +410,7 @@ impl WorkerCx<'_> {
     }
 }
 
-// What `receiver.rs` and `batch.rs` ask of the current worker, by name.
+// What `receiver/` and `batch.rs` ask of the current worker, by name.
 
 /// A submitter is about to wait for credit. If it runs on a worker (a
 /// handler submitting), give back the units that worker holds back first:

@@ -73,7 +73,7 @@ pub(crate) struct Worker {
     /// Tasks pushed from other threads (wakes, new ports, spawns).
     pub(crate) queue: Queue<Task>,
     /// Takes the oldest task of the worker's own run queue (see "Work
-    /// conservation" in `executor.rs`).
+    /// conservation" in `conserve/mod.rs`).
     pub(crate) thief: Thief<Task>,
     /// The run queue itself, until the worker's thread takes it.
     local: Mutex<Option<RunQueue<Task>>>,
