@@ -72,6 +72,10 @@ static ALLOC: Counting = Counting;
 /// the dropped-components checks).
 const DROPPED_SLACK: isize = 4096;
 
+/// The tests of this file count every allocation of the process, so they
+/// run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn net() -> isize {
     NET.load(Relaxed)
 }
@@ -250,6 +254,7 @@ fn measure(workers: usize) -> Figures {
 
 #[test]
 fn idle_components_cost_little_and_dropped_ones_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let workers: Vec<usize> = std::env::var("KEYED_MEMORY_WORKERS")
         .ok()
         .map(|s| s.split(',').map(|w| w.trim().parse().unwrap()).collect())
@@ -318,4 +323,53 @@ fn idle_components_cost_little_and_dropped_ones_nothing() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A burst of many keys (a backlog drained in one port turn) leaves
+/// nothing behind once the worker is out of work: what it grew for the
+/// burst (its turn records of a hundred thousand keys) goes, so memory
+/// follows the live keys, not the most there ever were.
+#[test]
+fn a_burst_of_keys_leaves_nothing_behind_once_the_worker_idles() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const KEYS: u64 = 100_000;
+    let executor = KeyedExecutor::builder().workers(1).build().unwrap();
+    let gate = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let held = std::sync::Arc::clone(&gate);
+    let d: D = executor.dispatcher(handler::from_fn(move |k: &u64, m: u64| {
+        if m == u64::MAX {
+            held.wait(); // the first message holds the worker until the burst is in
+        }
+        k.wrapping_add(m)
+    }));
+    let r = d
+        .receiver_builder()
+        .max_in_flight(KEYS as usize + 1)
+        .build()
+        .unwrap();
+    let burst = |keys: u64| {
+        let first = r.submit_blocking(u64::MAX, u64::MAX).unwrap();
+        let done: Vec<_> = (0..keys)
+            .map(|k| r.submit_blocking(k, 1).unwrap())
+            .collect();
+        gate.wait();
+        first.wait().unwrap();
+        for c in done {
+            c.wait().unwrap();
+        }
+        settle(&executor);
+    };
+    // Warm up with a small burst: what any burst makes once (the port, its
+    // inbox, the worker's queues) is there before measuring.
+    burst(1_000);
+    let before = net();
+    burst(KEYS);
+    let left = net() - before;
+    assert!(
+        left <= 256 * 1024,
+        "a burst of {KEYS} keys left {left} B behind once the worker idled"
+    );
+    drop(r);
+    drop(d);
+    assert!(executor.shutdown(Duration::from_secs(30)));
 }
