@@ -114,6 +114,24 @@ fn run(receiver: &Receiver<u64, u64, u64>, n: u64) {
     }
 }
 
+/// What `round` leaves held once the executor settles, over four rounds,
+/// keeping the least any round after the first left: a round may grow what
+/// the executor keeps for good (its workers' run queues, the registry of
+/// sources), more often on a loaded machine, while a leak shows in every
+/// round.
+fn least_left(executor: &KeyedExecutor, mut round: impl FnMut()) -> isize {
+    let mut least = isize::MAX;
+    for n in 0..4 {
+        let before = net();
+        round();
+        settle(executor);
+        if n > 0 {
+            least = least.min(net() - before);
+        }
+    }
+    least
+}
+
 struct Figures {
     dispatcher: f64,
     busy_dispatcher: f64,
@@ -198,14 +216,8 @@ fn measure(workers: usize) -> Figures {
     drop(kept);
     settle(&executor);
 
-    // Receivers made, used and dropped: nothing left. Four rounds, keeping
-    // the least any round after the first left: a round may grow what the
-    // executor keeps for good (its workers' run queues, the registry of
-    // sources), more often on a loaded machine, while a leak shows in
-    // every round.
-    let mut dropped_receivers = isize::MAX;
-    for round in 0..4 {
-        let before = net();
+    // Receivers made, used and dropped: nothing left.
+    let dropped_receivers = least_left(&executor, || {
         for i in 0..10_000u64 {
             let r = d
                 .receiver_builder()
@@ -217,28 +229,17 @@ fn measure(workers: usize) -> Figures {
                 run(&r, 2);
             }
         }
-        settle(&executor);
-        if round > 0 {
-            dropped_receivers = dropped_receivers.min(net() - before);
-        }
-    }
+    });
 
-    // Dispatchers made, used on every worker and dropped: nothing left
-    // (rounds as for the receivers).
-    let mut dropped_dispatchers = isize::MAX;
-    for round in 0..4 {
-        let before = net();
+    // Dispatchers made, used on every worker and dropped: nothing left.
+    let dropped_dispatchers = least_left(&executor, || {
         for i in 0..1_000u64 {
             let d = dispatcher(&executor);
             if i % 10 == 0 {
                 run(&d.default_receiver(), 8 * workers as u64);
             }
         }
-        settle(&executor);
-        if round > 0 {
-            dropped_dispatchers = dropped_dispatchers.min(net() - before);
-        }
-    }
+    });
 
     drop(d);
     assert!(executor.shutdown(Duration::from_secs(30)));
