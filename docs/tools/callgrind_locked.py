@@ -2,6 +2,7 @@
 # Per-thread instructions and locked instructions (lock-prefixed, or xchg
 # with memory) from callgrind files made with --separate-threads=yes
 # --dump-instr=yes: python3 docs/tools/callgrind_locked.py <dir of callgrind.out.*>
+# Run it before rebuilding: it disassembles the binaries named in the files.
 import sys, re, subprocess, glob, collections
 d=sys.argv[1]
 files=sorted(glob.glob(d+'/callgrind.out.*'))
