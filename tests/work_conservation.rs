@@ -284,32 +284,43 @@ fn keys_that_message_each_other_share_a_worker_after_a_moved_first_turn() {
 /// past the 300 µs mark) make its worker yield its thread before the next
 /// one, so that a thread the kernel queued behind it on its CPU — another
 /// worker with work, a producer — runs. The key's messages still run in
-/// order, one at a time. With the default `throughput` (16) the key's
-/// first 16 messages run in its port's slot (not timed); the 17th finds
-/// its turn spent and gets a mailbox, which the other 7 join. A turn's
-/// first message begins the timing, so the 7 after it each give way.
+/// order, one at a time.
+///
+/// A message of another key holds the only worker until all 24 wait in
+/// the port's inbox, so that one turn of the port takes them all: with
+/// the default `throughput` (16) the key's first 16 run in the port's
+/// loaner (not timed); the 17th finds its turn spent and gets a mailbox,
+/// which the other 7 join. A turn's first message begins the timing, so
+/// the 7 after it each give way. (Sent while the port's turns run, the
+/// messages could split over several turns, and the mailbox's share with
+/// them.)
 #[test]
 fn long_messages_of_a_mailbox_turn_give_way_before_the_next() {
     const MESSAGES: u64 = 24;
+    const HOLD: u64 = 0;
+    const KEY: u64 = 7;
     let ex = KeyedExecutor::builder().workers(1).build().unwrap();
     let ran: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let first = Gate::new();
+    let (held, hold) = (Gate::new(), Gate::new());
     let d = ex.dispatcher(handler::from_fn({
-        let (ran, first) = (ran.clone(), first.clone());
-        move |_: &u64, n: u64| {
-            if n == 0 {
-                // Hold the first so that the rest wait in the port's inbox.
-                first.wait();
+        let (ran, held, hold) = (ran.clone(), held.clone(), hold.clone());
+        move |key: &u64, n: u64| {
+            if *key == HOLD {
+                held.open();
+                hold.wait();
+                return;
             }
             std::thread::sleep(Duration::from_millis(1));
             ran.lock().unwrap().push(n);
         }
     }));
     let r = d.receiver(64).unwrap();
+    r.send(HOLD, 0).unwrap();
+    held.wait();
     for n in 0..MESSAGES {
-        r.send(7, n).unwrap();
+        r.send(KEY, n).unwrap();
     }
-    first.open();
+    hold.open();
     assert!(ex.shutdown(Duration::from_secs(30)));
     assert_eq!(*ran.lock().unwrap(), (0..MESSAGES).collect::<Vec<_>>());
     assert_eq!(ex.stats().workers[0].gave_way, 7);
