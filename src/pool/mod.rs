@@ -37,6 +37,19 @@
 //! - `metrics.rs`: the `metrics` feature's series.
 //! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
 
+use std::hash::{BuildHasher, Hash};
+
+/// What the pool's internals ask of a key, named once; every type with
+/// these bounds has it. (Public signatures spell the bounds out.)
+pub(crate) trait PoolKey: Hash + Eq + Clone + Send + Sync + 'static {}
+
+impl<T: Hash + Eq + Clone + Send + Sync + 'static> PoolKey for T {}
+
+/// What the pool's internals ask of a dispatcher's hasher, named once.
+pub(crate) trait PoolHasher: BuildHasher + Send + Sync + 'static {}
+
+impl<T: BuildHasher + Send + Sync + 'static> PoolHasher for T {}
+
 pub(crate) mod batch;
 pub(crate) mod config;
 pub(crate) mod conserve;

@@ -1,8 +1,6 @@
 //! The type-erased faces of a dispatcher: the port task (`Runnable`),
 //! what the executor sees (`StopTarget`) and what a receiver sees (`Core`).
 
-use std::hash::{BuildHasher, Hash};
-
 use crate::completion::{Outcome, Reply};
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::{Envelope, Held, Owner, Produces};
@@ -14,6 +12,7 @@ use crate::pool::shared::Shared;
 use crate::pool::source::SourceRef;
 use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;
+use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
 
@@ -22,10 +21,10 @@ use super::{DispatcherInner, MailboxRef};
 
 impl<K, M, H, S> Runnable for DispatcherInner<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     /// A port task (`tag`: the port, and whether to steal its turn).
     fn run(this: Arc<Self>, cx: &WorkerCx<'_>, tag: usize) {
@@ -74,10 +73,10 @@ pub(super) struct Target<K, M, H: Handler<K, M>, S>(pub(super) Arc<DispatcherInn
 
 impl<K, M, H, S> StopTarget for Target<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     fn force_drain(&self) -> usize {
         self.0.force_drain()
@@ -151,10 +150,10 @@ impl<K, M, H: Handler<K, M>, S> Drop for CoreHandle<K, M, H, S> {
 
 impl<K, M, H, S> Core<K, M, H::Output> for CoreHandle<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     #[inline]
     fn enqueue(&self, key: K, env: Envelope<M, H::Output>) -> Result<u64, Envelope<M, H::Output>> {
@@ -212,10 +211,10 @@ pub(super) struct WeakHandle<K, M, H: Handler<K, M>, S>(
 #[cfg(not(loom))]
 impl<K, M, H, S> WeakCore<K, M, H::Output> for WeakHandle<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     fn upgrade(&self) -> Option<Box<dyn Core<K, M, H::Output>>> {
         let inner = self.0.upgrade()?;
@@ -249,10 +248,10 @@ impl<K, M, H: Handler<K, M>, S> Produces<K, M> for DispatcherInner<K, M, H, S> {
 /// What a mailbox needs of its dispatcher (see `mailbox/mod.rs`).
 impl<K, M, H, S> Owner<K, M> for DispatcherInner<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     #[inline]
     fn call(&self, key: &K, msg: M, position: u64) -> H::Future {

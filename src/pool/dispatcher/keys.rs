@@ -2,7 +2,7 @@
 //! submitter's hash, and their retirement when they drain.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 
@@ -10,6 +10,7 @@ use crate::error::Panic;
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::Mailbox;
 use crate::pool::worker::WorkerCx;
+use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::Arc;
 
 use super::port::Gate;
@@ -134,10 +135,10 @@ pub(super) fn mailbox_ptr<K, M, H: Handler<K, M>, S>(
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     /// Looks a delivery's key up among the port's active mailboxes (the
     /// gate held). `Err` if the key's `Eq` panicked (user code).

@@ -51,6 +51,7 @@ use crate::pool::observe::Identity;
 use crate::pool::receiver::{Core, Receiver, ReceiverBuilder};
 use crate::pool::shared::Shared;
 use crate::pool::source::{wait_all_drained, Source};
+use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering::*};
 use crate::sync::Arc;
 
@@ -89,10 +90,10 @@ pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     /// Whether the dispatcher (or the executor) refuses new messages.
     #[inline]

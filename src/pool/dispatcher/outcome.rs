@@ -1,7 +1,6 @@
 //! How a message of a dispatcher ends: finished, failed, handed back or
 //! cancelled, and what each gives back (credit, position, completion).
 
-use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::completion::{Outcome, Reply};
@@ -10,6 +9,7 @@ use crate::pool::handler::Handler;
 use crate::pool::mailbox::{Envelope, Held};
 use crate::pool::source::Ended;
 use crate::pool::worker::WorkerCx;
+use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
 use crate::trace;
@@ -18,10 +18,10 @@ use super::DispatcherInner;
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     /// A message whose key's `Eq`/`Clone` panicked in a port: it fails as
     /// panicked (without the `on_panic` hook, which needs the key).

@@ -14,11 +14,10 @@
 //!
 //! A bucket keeps the port it was placed on for the dispatcher's life.
 
-use std::hash::{BuildHasher, Hash};
-
 use crossbeam_utils::CachePadded;
 
 use crate::pool::handler::Handler;
+use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::atomic::Ordering::*;
 
 use super::port::Port;
@@ -47,10 +46,10 @@ pub(super) fn bucket_count(workers: usize) -> usize {
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     /// The bucket of a hash: its high bits (the map uses the low ones).
     #[inline]

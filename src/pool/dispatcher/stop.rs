@@ -20,13 +20,13 @@
 //!   with `Closed(msg)`, or run, or handed back — never lost in between.
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::{Envelope, Mailbox, StopClaim};
 use crate::pool::source::SourceRef;
 use crate::pool::task::Task;
+use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::atomic::fence;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
@@ -46,10 +46,10 @@ pub(super) type Handed<K, M, O> = (Option<K>, Envelope<M, O>);
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     /// A source stop, on the stopping thread (see `receiver/mod.rs`): hands back
     /// every message of a source that `stopped` picks waiting in this

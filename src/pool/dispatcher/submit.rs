@@ -1,14 +1,13 @@
 //! Submitting: a message (or a batch) into its port's inbox, and the
 //! port's task queued if the port was idle.
 
-use std::hash::{BuildHasher, Hash};
-
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::Envelope;
 use crate::pool::receiver::Batch;
 use crate::pool::source::Ended;
 use crate::pool::task::Task;
 use crate::pool::worker::WorkerCx;
+use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::atomic::fence;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::Arc;
@@ -18,10 +17,10 @@ use super::DispatcherInner;
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     /// Accepts `env` for `key` and returns its position, or hands it back
     /// if the executor, the dispatcher or the message's source is closed.

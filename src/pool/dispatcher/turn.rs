@@ -39,7 +39,6 @@
 //! what becomes of the loaner). User code (handlers, a key's `Drop`,
 //! hooks) never runs under the gate.
 
-use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::Panic;
@@ -48,6 +47,7 @@ use crate::pool::inbox::Popped;
 use crate::pool::mailbox::{Envelope, Mailbox, Stamp, Step};
 use crate::pool::task::Task;
 use crate::pool::worker::WorkerCx;
+use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::atomic::fence;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::{Arc, SpinGuard};
@@ -135,10 +135,10 @@ struct Turn {
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     H: Handler<K, M>,
-    S: BuildHasher + Send + Sync + 'static,
+    S: PoolHasher,
 {
     /// Port `p`'s turn on `cx`'s worker: take the deliveries its inbox
     /// holds now, in order (see "Fairness" and `mailbox/mod.rs`).

@@ -59,7 +59,6 @@
 //! it is cancelled by the runner.
 
 use std::collections::VecDeque;
-use std::hash::Hash;
 
 use crate::completion::Outcome;
 use crate::completion::Reply;
@@ -69,6 +68,7 @@ use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::Wake;
 use crate::pool::worker::WorkerCx;
+use crate::pool::PoolKey;
 use crate::sync::{Arc, SpinLock, UnsafeCell};
 use crate::trace;
 
@@ -280,7 +280,7 @@ where
 
 impl<K, M, D> Mailbox<K, M, D>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     D: Owner<K, M>,
 {
@@ -502,7 +502,7 @@ where
 
 impl<K, M, D> Runnable for Mailbox<K, M, D>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     D: Owner<K, M>,
 {
@@ -537,7 +537,7 @@ where
 
 impl<K, M, D> Wake for Mailbox<K, M, D>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     D: Owner<K, M>,
 {

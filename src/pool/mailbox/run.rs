@@ -1,7 +1,6 @@
 //! The runner's side of a mailbox: starting a message, polling its future,
 //! the rest of a turn, and what follows a `Pending`.
 
-use std::hash::Hash;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::ptr;
@@ -13,6 +12,7 @@ use crate::pool::conserve::LONG_STEP_US;
 use crate::pool::observe::StepToken;
 use crate::pool::waker::WakerRef;
 use crate::pool::worker::WorkerCx;
+use crate::pool::PoolKey;
 use crate::sync::Arc;
 use crate::trace;
 
@@ -31,7 +31,7 @@ enum Next<M, O> {
 
 impl<K, M, D> Mailbox<K, M, D>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: PoolKey,
     M: Send + 'static,
     D: Owner<K, M>,
 {
