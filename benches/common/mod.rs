@@ -4,6 +4,8 @@
 //! - [`design`]: the `Handler` / `Design` / `Family` traits every design plugs into;
 //! - [`peers`]: `inline`, `striped`, `tokio-actors`, `smol-actors`;
 //! - [`keyed`]: the crate under test;
+//! - [`floor`]: `contract-floor`, a diagnostic: striped plus the contract's
+//!   per-message work (credit, turn counts), never in the default rows;
 //! - [`work`]: the message, calibrated CPU work, per-key sequence checker;
 //! - [`device`]: W3's simulated ~100 µs device;
 //! - [`alloc`]: the counting global allocator (W5, W6);
@@ -17,6 +19,7 @@
 pub mod alloc;
 pub mod design;
 pub mod device;
+pub mod floor;
 pub mod keyed;
 pub mod latency;
 pub mod peers;

@@ -256,13 +256,19 @@ fn grid_specs(w: Workload) -> Vec<Spec> {
     specs
 }
 
-/// Every workload × design once at CI's tiny size, then the crate at every
-/// `--grid` / `--w3-curve` setting; checks only.
+/// Every workload × design once at CI's tiny size (the diagnostic
+/// `contract-floor` too), then the crate at every `--grid` / `--w3-curve`
+/// setting; checks only.
 pub fn smoke(sizes: Sizes) -> i32 {
     let (mut passed, mut failed) = (0, 0);
     let started = Instant::now();
     for w in selected() {
-        for spec in designs(w).into_iter().chain(grid_specs(w)) {
+        let mut specs = designs(w);
+        let floor = Spec::of(Kind::Floor);
+        if design_selected(&floor.name()) && !specs.iter().any(|s| s.kind == Kind::Floor) {
+            specs.push(floor);
+        }
+        for spec in specs.into_iter().chain(grid_specs(w)) {
             let t = Instant::now();
             match run(spec, w, &sizes) {
                 Ok(_) => {

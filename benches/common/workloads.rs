@@ -472,6 +472,9 @@ pub enum Kind {
     Smol,
     /// The crate.
     Keyed,
+    /// Diagnostic: striped plus the contract's per-message work (only when
+    /// `KEYED_BENCH_DESIGNS` names it).
+    Floor,
 }
 
 /// A design with its settings.
@@ -513,6 +516,7 @@ impl Spec {
             Kind::Tokio => "tokio-actors",
             Kind::Smol => "smol-actors",
             Kind::Keyed => "keyed-executor",
+            Kind::Floor => "contract-floor",
         };
         let mut settings = Vec::new();
         if !self.spin.is_zero() {
@@ -535,7 +539,7 @@ impl Spec {
 
     /// Blocks a thread per awaited I/O (runs W3's smaller count).
     pub fn blocks_on_io(&self) -> bool {
-        matches!(self.kind, Kind::Inline | Kind::Striped)
+        matches!(self.kind, Kind::Inline | Kind::Striped | Kind::Floor)
     }
 }
 
@@ -569,6 +573,9 @@ pub fn designs(w: Workload) -> Vec<Spec> {
         }
     }
     let _ = w;
+    if std::env::var("KEYED_BENCH_DESIGNS").is_ok_and(|f| f.contains("floor")) {
+        all.push(Spec::of(Kind::Floor));
+    }
     all.retain(|s| design_selected(&s.name()));
     all
 }
@@ -618,6 +625,7 @@ pub fn run(spec: Spec, w: Workload, sizes: &Sizes) -> Result<Outcome, String> {
         Kind::Tokio => run_on::<TokioFamily>(w, &cfg, sizes),
         Kind::Smol => run_on::<SmolFamily>(w, &cfg, sizes),
         Kind::Keyed => run_on::<super::keyed::KeyedFamily>(w, &cfg, sizes),
+        Kind::Floor => run_on::<super::floor::FloorFamily>(w, &cfg, sizes),
     }
 }
 
@@ -1228,6 +1236,7 @@ pub fn run_open_loop(spec: Spec, sizes: &Sizes, rate: f64) -> Result<Outcome, St
         Kind::Tokio => open_loop::<TokioFamily>(&cfg, sizes, rate),
         Kind::Smol => open_loop::<SmolFamily>(&cfg, sizes, rate),
         Kind::Keyed => open_loop::<super::keyed::KeyedFamily>(&cfg, sizes, rate),
+        Kind::Floor => open_loop::<super::floor::FloorFamily>(&cfg, sizes, rate),
     }
 }
 
