@@ -17,7 +17,16 @@
 //!   handler's thread gives units back `return=B` at a time (and all it
 //!   owes before it waits for work) and wakes a waiting sender. Each source
 //!   ([`Design::source`]) has its own bound, as each of the crate's
-//!   receivers has. A handler's own sends (W4) take no unit.
+//!   receivers has. A handler's own sends (W4) take no unit. `sharded`
+//!   keeps the same bound without a counter the threads share for
+//!   writing: senders count units taken, each worker the units it gave
+//!   back on a line of its own, and a sender sums the workers' lines only
+//!   when the sum it saw last leaves nothing free (a stale sum only
+//!   understates what is free). `perworker` splits the bound per (source,
+//!   worker), `max_in_flight ÷ workers` each, as bounded striped channels
+//!   split it: not the crate's contract (a hot key gets one worker's share,
+//!   and W5, which holds every message until all are sent, hangs on it),
+//!   there to tell the cost of sharing a count from the cost of keeping one.
 //! - `turns`: the fairness bound. A worker runs its channel in turns (a turn
 //!   takes what the channel held when it began), counts each key's messages
 //!   in the turn, and a key past `throughput` (16, the harness's setting for
@@ -37,10 +46,11 @@ use super::design::{Cfg, Design, Family, Handler, SendTo};
 use super::peers::stripe;
 use super::work::Msg;
 use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 
@@ -48,6 +58,9 @@ use std::thread::{JoinHandle, Thread};
 const THROUGHPUT: u32 = 16;
 /// Sources a run may open (W7 opens one per producer).
 const SOURCES: usize = 16;
+/// Credits a run may hold: a source's, or with `perworker` a source's per
+/// worker (up to 8 workers).
+const SLOTS_OF_CREDIT: usize = SOURCES * 8;
 /// The source of a handler's sends, which take no credit.
 const UNBOUNDED: u8 = u8::MAX;
 
@@ -72,6 +85,18 @@ pub struct Parts {
     /// Units a worker gives back at once (`return=B`; 1: per message); it
     /// gives back whatever it owes before it waits for work.
     pub give_back: usize,
+    /// The bound kept as counts nobody shares for writing (`sharded`): the
+    /// senders count units taken, each worker the units it gave back on a
+    /// line of its own (a plain store, no locked instruction), and a
+    /// sender adds the workers' counts up only when the sum it saw last
+    /// leaves no unit free.
+    pub sharded: bool,
+    /// The bound split per worker (`perworker`): `max_in_flight ÷ workers`
+    /// units for each (source, worker), as bounded striped channels split
+    /// it. Not the crate's contract (a hot key gets a worker's share only);
+    /// here to tell the cost of a bound shared by the workers from the cost
+    /// of waiting at a bound.
+    pub perworker: bool,
 }
 
 impl Parts {
@@ -93,6 +118,8 @@ impl Parts {
                     turns: v.split(',').any(|p| p.trim() == "turns"),
                     reserve: num("reserve="),
                     give_back: num("return="),
+                    sharded: v.split(',').any(|p| p.trim() == "sharded"),
+                    perworker: v.split(',').any(|p| p.trim() == "perworker"),
                 }
             }
             // The crate's own granularity: a unit per send, given back 16
@@ -102,29 +129,51 @@ impl Parts {
                 turns: true,
                 reserve: 1,
                 give_back: 16,
+                sharded: false,
+                perworker: false,
             },
         }
     }
 }
 
-/// One source's bound: free units, and the senders parked for one.
+/// One source's bound: free units (or, `sharded`, units taken against
+/// units given back per worker), and the senders parked for one.
 struct Credit {
-    free: AtomicUsize,
-    waiting: AtomicBool,
+    max: usize,
+    sharded: bool,
+    free: CachePadded<AtomicUsize>,
+    /// `sharded`: units ever taken.
+    taken: CachePadded<AtomicUsize>,
+    /// `sharded`: the workers' units given back, as a sender last summed
+    /// them (never more than they gave: the bound holds on a stale sum).
+    seen: CachePadded<AtomicUsize>,
+    /// `sharded`: units ever given back, a line per worker, one writer each.
+    given: Box<[CachePadded<AtomicUsize>]>,
+    waiting: CachePadded<AtomicBool>,
     parked: Mutex<Vec<Thread>>,
 }
 
 impl Credit {
-    fn new(units: usize) -> Self {
+    fn new(units: usize, workers: usize, sharded: bool) -> Self {
         Credit {
-            free: AtomicUsize::new(units),
-            waiting: AtomicBool::new(false),
+            max: units,
+            sharded,
+            free: CachePadded::new(AtomicUsize::new(units)),
+            taken: CachePadded::new(AtomicUsize::new(0)),
+            seen: CachePadded::new(AtomicUsize::new(0)),
+            given: (0..workers)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+            waiting: CachePadded::new(AtomicBool::new(false)),
             parked: Mutex::new(Vec::new()),
         }
     }
 
     /// Takes up to `want` units; how many it took.
     fn try_take(&self, want: usize) -> usize {
+        if self.sharded {
+            return self.try_take_sharded(want);
+        }
         let mut cur = self.free.load(Relaxed);
         while cur > 0 {
             let got = cur.min(want);
@@ -137,6 +186,37 @@ impl Credit {
             }
         }
         0
+    }
+
+    fn try_take_sharded(&self, want: usize) -> usize {
+        let mut taken = self.taken.load(Relaxed);
+        loop {
+            // With `taken` stale the CAS below fails; saturating keeps the
+            // arithmetic from wrapping meanwhile.
+            let mut free = self
+                .max
+                .saturating_sub(taken.saturating_sub(self.seen.load(Acquire)));
+            if free == 0 {
+                // The last sum leaves nothing: add the workers' counts up.
+                fence(SeqCst);
+                let sum: usize = self.given.iter().map(|g| g.load(Acquire)).sum();
+                self.seen.fetch_max(sum, AcqRel);
+                free = self
+                    .max
+                    .saturating_sub(taken.saturating_sub(self.seen.load(Acquire)));
+                if free == 0 {
+                    return 0;
+                }
+            }
+            let got = free.min(want);
+            match self
+                .taken
+                .compare_exchange_weak(taken, taken + got, AcqRel, Relaxed)
+            {
+                Ok(_) => return got,
+                Err(now) => taken = now,
+            }
+        }
     }
 
     /// Takes a unit, waiting for one: spins and yields as crossbeam's
@@ -165,8 +245,16 @@ impl Credit {
         }
     }
 
-    fn give(&self, units: usize) {
-        self.free.fetch_add(units, SeqCst);
+    /// Worker `worker` gives back `units`.
+    fn give(&self, worker: usize, units: usize) {
+        if self.sharded {
+            // One writer per line: a load and a store.
+            let g = &self.given[worker];
+            g.store(g.load(Relaxed) + units, Release);
+            fence(SeqCst);
+        } else {
+            self.free.fetch_add(units, SeqCst);
+        }
         if self.waiting.load(SeqCst) && self.waiting.swap(false, SeqCst) {
             for t in self.parked.lock().unwrap().drain(..) {
                 t.unpark();
@@ -198,18 +286,24 @@ pub struct FloorSender {
     source: u8,
     credit: bool,
     reserve: usize,
+    perworker: bool,
 }
 
 thread_local! {
     /// Each sending thread's reserve of units, per source.
-    static RESERVE: [std::cell::Cell<usize>; SOURCES] = Default::default();
+    static RESERVE: [std::cell::Cell<usize>; SLOTS_OF_CREDIT] = const { [const { std::cell::Cell::new(0) }; SLOTS_OF_CREDIT] };
 }
 
 impl SendTo for FloorSender {
     #[inline]
     fn send(&self, key: u64, msg: Msg) {
+        let stripe = stripe(key, self.txs.len());
         if self.credit && self.source != UNBOUNDED {
-            let src = self.source as usize;
+            let src = if self.perworker {
+                self.source as usize * self.txs.len() + stripe
+            } else {
+                self.source as usize
+            };
             RESERVE.with(|r| {
                 let left = r[src].get();
                 if left > 0 {
@@ -220,7 +314,7 @@ impl SendTo for FloorSender {
                 }
             });
         }
-        let tx = &self.txs[stripe(key, self.txs.len())];
+        let tx = &self.txs[stripe];
         if tx.send(Cmd::Run(key, msg, self.source)).is_err() {
             panic!("contract-floor: sent after finish");
         }
@@ -296,15 +390,34 @@ impl Turns {
     }
 }
 
-fn worker<H: Handler>(rx: Receiver<Cmd>, h: Arc<H>, credits: Arc<[Credit]>, parts: Parts) {
+fn worker<H: Handler>(
+    me: usize,
+    rx: Receiver<Cmd>,
+    h: Arc<H>,
+    credits: Arc<[Credit]>,
+    parts: Parts,
+) {
     let owed: [std::cell::Cell<usize>; SOURCES] = Default::default();
+    let workers = if parts.perworker {
+        credits.len() / SOURCES
+    } else {
+        1
+    };
+    // A source's credit, or its share for this worker.
+    let mine = |src: usize| {
+        if parts.perworker {
+            src * workers + me
+        } else {
+            src
+        }
+    };
     let run = |k: u64, m: Msg, src: u8| {
         h.call_blocking(k, m);
         if parts.credit && src != UNBOUNDED {
             let o = &owed[src as usize];
             let n = o.get() + 1;
             if n >= parts.give_back {
-                credits[src as usize].give(n);
+                credits[mine(src as usize)].give(me, n);
                 o.set(0);
             } else {
                 o.set(n);
@@ -315,7 +428,7 @@ fn worker<H: Handler>(rx: Receiver<Cmd>, h: Arc<H>, credits: Arc<[Credit]>, part
     let settle = || {
         for (i, o) in owed.iter().enumerate() {
             if o.get() > 0 {
-                credits[i].give(o.replace(0));
+                credits[mine(i)].give(me, o.replace(0));
             }
         }
     };
@@ -403,7 +516,20 @@ impl<H: Handler> Design<H> for Floor<H> {
     fn start(cfg: &Cfg, handler: H) -> Self {
         let parts = Parts::from_env();
         let handler = Arc::new(handler);
-        let credits: Arc<[Credit]> = (0..SOURCES).map(|_| Credit::new(cfg.credit)).collect();
+        assert!(
+            !parts.perworker || cfg.workers * SOURCES <= SLOTS_OF_CREDIT,
+            "contract-floor: perworker takes at most 8 workers"
+        );
+        let credits: Arc<[Credit]> = if parts.perworker {
+            let share = (cfg.credit / cfg.workers).max(1);
+            (0..SOURCES * cfg.workers)
+                .map(|_| Credit::new(share, cfg.workers, parts.sharded))
+                .collect()
+        } else {
+            (0..SOURCES)
+                .map(|_| Credit::new(cfg.credit, cfg.workers, parts.sharded))
+                .collect()
+        };
         let mut txs = Vec::new();
         let mut threads = Vec::new();
         for i in 0..cfg.workers {
@@ -412,7 +538,7 @@ impl<H: Handler> Design<H> for Floor<H> {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("floor-{i}"))
-                    .spawn(move || worker(rx, h, c, parts))
+                    .spawn(move || worker(i, rx, h, c, parts))
                     .expect("spawn"),
             );
             txs.push(tx);
@@ -434,6 +560,7 @@ impl<H: Handler> Design<H> for Floor<H> {
             source: 0,
             credit: self.parts.credit,
             reserve: self.parts.reserve,
+            perworker: self.parts.perworker,
         }
     }
 
