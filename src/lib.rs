@@ -492,6 +492,8 @@
 //! | `keyed_executor_in_flight` | gauge | `dispatcher`, `receiver` (its name: [`Dispatcher::named_receiver`], [`ReceiverBuilder::name`]; else its number: `0`, `1`, …) | [`Receiver::in_flight`]: its units of credit held by unfinished messages (one per message it accepted; a follow-up a handler sent sharing its own message's unit adds none) |
 //! | `keyed_executor_live_mailboxes` | gauge | `dispatcher` | keys with a mailbox (a backlog or a suspended future) |
 //! | `keyed_executor_workers_parked` | gauge | — | worker threads asleep (all executors of the process) |
+//! | `keyed_executor_parks_beside_work_total` | counter | `worker` | times a worker parked while another had work an idle worker takes waiting ([`WorkerStats::parked_beside_work`]): the pool's imbalance |
+//! | `keyed_executor_idle_beside_work_microseconds_total` | counter | `worker` | how long those parks lasted ([`WorkerStats::idle_beside_work`]) |
 //! | `keyed_executor_queue_seconds` | histogram | `dispatcher` | acceptance → first poll (sampled) |
 //! | `keyed_executor_run_seconds` | histogram | `dispatcher` | first poll → outcome delivered, suspended time included (sampled) |
 //! | `keyed_executor_poll_seconds` | histogram | `dispatcher` | one step: a handler call with its first poll, or a later poll (sampled) |

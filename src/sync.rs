@@ -323,6 +323,11 @@ mod imp {
             self.0.is_empty()
         }
 
+        #[inline]
+        pub(crate) fn len(&self) -> usize {
+            self.0.len()
+        }
+
         pub(crate) fn steal(&self) -> Option<T> {
             loop {
                 match self.0.steal() {
@@ -636,6 +641,10 @@ mod imp {
     impl<T> Thief<T> {
         pub(crate) fn is_empty(&self) -> bool {
             self.0.lock().is_empty()
+        }
+
+        pub(crate) fn len(&self) -> usize {
+            self.0.lock().len()
         }
 
         pub(crate) fn steal(&self) -> Option<T> {

@@ -27,6 +27,11 @@ fn the_example_serves_every_documented_series_over_http() {
         ("keyed_executor_in_flight", "gauge"),
         ("keyed_executor_live_mailboxes", "gauge"),
         ("keyed_executor_workers_parked", "gauge"),
+        ("keyed_executor_parks_beside_work_total", "counter"),
+        (
+            "keyed_executor_idle_beside_work_microseconds_total",
+            "counter",
+        ),
         ("keyed_executor_queue_seconds", "histogram"),
         ("keyed_executor_run_seconds", "histogram"),
         ("keyed_executor_poll_seconds", "histogram"),

@@ -128,12 +128,18 @@ impl<H: Handler> Design<H> for Keyed<H> {
                 stats.workers.iter().map(f).sum()
             };
             let per: Vec<u64> = stats.workers.iter().map(|w| w.done).collect();
+            let beside: Vec<(u64, u128)> = stats
+                .workers
+                .iter()
+                .map(|w| (w.parked_beside_work, w.idle_beside_work.as_millis()))
+                .collect();
             eprintln!(
-                "keyed-executor stats: done {} per worker {per:?} parks {} unparks {} spin_hits {}",
+                "keyed-executor stats: done {} per worker {per:?} parks {} unparks {} spin_hits {} stolen {} parked beside work (count, ms) {beside:?}",
                 stats.done,
                 sum(|w| w.parks),
                 sum(|w| w.unparks),
-                sum(|w| w.spin_hits)
+                sum(|w| w.spin_hits),
+                sum(|w| w.stolen)
             );
         }
         assert!(

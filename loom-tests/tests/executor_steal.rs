@@ -72,6 +72,41 @@ fn steal_turn_vs_submit() {
     });
 }
 
+/// Share vs. the lent key: message 1 of key 0 blocks the worker running
+/// its port's turn (lent the loaner); then key 1's message 2, key 0's
+/// message 3 and key 1's message 4 wait in that port's inbox. The idle
+/// worker takes shares of the backlog (`dispatcher/share.rs`): 2 into a
+/// new mailbox of key 1, queued on itself; 3, the lent key's, into the
+/// gate's `deferred`, behind 1; then (or, in other interleavings, instead)
+/// the rest of the turn from the stuck step. 2 and 4 run, in order, while 1
+/// still blocks; 3 runs after 1. Per-key order, one at a time, nothing
+/// lost. At most one preemption, as the other models of watchers.
+#[test]
+fn share_vs_lent_key() {
+    model_bounded("share_vs_lent_key", Some(1), || {
+        let log = Log::new();
+        let ex = watching(2, 16);
+        let (d, r) = scripted_receiver(&ex, &log, 4);
+        let latch = Latch::new();
+        let first = r.submit_blocking(0, Msg::blocked(1, &latch)).unwrap();
+        latch.wait_entered();
+        let second = r.submit_blocking(1, Msg::now(2)).unwrap();
+        let third = r.submit_blocking(0, Msg::now(3)).unwrap();
+        let fourth = r.submit_blocking(1, Msg::now(4)).unwrap();
+        assert_eq!(fourth.wait().unwrap(), 4);
+        assert_eq!(second.wait().unwrap(), 2);
+        assert!(!log.ended(1), "4 ran behind 1, not beside it");
+        latch.open();
+        assert_eq!(first.wait().unwrap(), 1);
+        assert_eq!(third.wait().unwrap(), 3);
+        assert!(ex.shutdown(LONG));
+        log.assert_serial();
+        assert!(log.position(Event::End(1)) < log.position(Event::Start(3)));
+        assert!(log.position(Event::End(2)) < log.position(Event::Start(4)));
+        assert_nothing_left(&d, &r);
+    });
+}
+
 /// The idle workers' watch vs. park (`Builder::loom_watchers`: an idle
 /// worker parks deep only when it sees nothing active, else watches — a
 /// loop of yields here). Key 0's message and then key 1's go to one port

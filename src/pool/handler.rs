@@ -74,6 +74,24 @@ pub trait Handler<K, M>: Send + Sync + 'static {
         self.call_at(key, message, position)
     }
 
+    /// Starts the work of `message` for `key` (at `position`, as
+    /// [`call_at`](Self::call_at)) and, if that work is done at once,
+    /// returns its outcome instead of a future: the dispatcher then skips
+    /// storing and polling a future. The provided version returns the
+    /// future of [`call_at`](Self::call_at) (`Err`), which the dispatcher
+    /// polls; [`from_fn`] overrides it with the closure's output. Override
+    /// it for a handler whose future is always ready: the outcome must be
+    /// what polling that future would give.
+    #[inline(always)]
+    fn call_now(
+        &self,
+        key: &K,
+        message: M,
+        position: u64,
+    ) -> Result<Outcome<Self::Output, M>, Self::Future> {
+        Err(self.call_at(key, message, position))
+    }
+
     /// Polls a future this handler returned, as the dispatcher does: what
     /// it is ready with is the message's outcome, which a handler may make
     /// an error of the crate's own ([`TaskError`](crate::TaskError), e.g.
@@ -180,6 +198,11 @@ where
     #[inline]
     fn call(&self, key: &K, message: M) -> Ready<O> {
         ready((self.0)(key, message))
+    }
+
+    #[inline]
+    fn call_now(&self, key: &K, message: M, _position: u64) -> Result<Outcome<O, M>, Ready<O>> {
+        Ok(Ok((self.0)(key, message)))
     }
 }
 

@@ -94,6 +94,15 @@ mod imp {
             "Keys with a mailbox: a backlog or a suspended future"
         );
         describe_gauge!("keyed_executor_workers_parked", "Worker threads asleep");
+        describe_counter!(
+            "keyed_executor_parks_beside_work_total",
+            "Times a worker parked while another had work of the kind an idle worker takes waiting (tasks queued behind its step, a port's backlog): the pool's imbalance, per worker"
+        );
+        describe_counter!(
+            "keyed_executor_idle_beside_work_microseconds_total",
+            Unit::Microseconds,
+            "How long those parks lasted, per worker"
+        );
         describe_histogram!(
             "keyed_executor_queue_seconds",
             Unit::Seconds,
@@ -121,6 +130,8 @@ mod imp {
     /// The executor's handles and its receivers' gauges.
     pub(crate) struct ExecutorMetrics {
         parked: Gauge,
+        /// Per worker: parks beside work, and their length in µs.
+        beside: Box<[(Counter, Counter)]>,
         /// `metrics_sampling - 1`.
         mask: u32,
         epoch: Instant,
@@ -132,6 +143,15 @@ mod imp {
             describe();
             ExecutorMetrics {
                 parked: metrics::gauge!("keyed_executor_workers_parked"),
+                beside: (0..config.workers)
+                    .map(|i| {
+                        let w = i.to_string();
+                        (
+                            metrics::counter!("keyed_executor_parks_beside_work_total", "worker" => w.clone()),
+                            metrics::counter!("keyed_executor_idle_beside_work_microseconds_total", "worker" => w),
+                        )
+                    })
+                    .collect(),
                 mask: config.metrics_sampling - 1,
                 epoch,
                 sources: Mutex::new(Vec::new()),
@@ -148,6 +168,13 @@ mod imp {
         #[inline]
         pub(crate) fn unparked(&self) {
             self.parked.decrement(1.0);
+        }
+
+        /// Worker `worker` parked for `idle` beside work it could not take.
+        pub(crate) fn parked_beside_work(&self, worker: usize, idle: std::time::Duration) {
+            let (parks, micros) = &self.beside[worker];
+            parks.increment(1);
+            micros.increment(idle.as_micros() as u64);
         }
 
         /// The stamp of an accepted message: a clock reading for one in
@@ -605,6 +632,9 @@ mod imp {
 
         #[inline(always)]
         pub(crate) fn unparked(&self) {}
+
+        #[inline(always)]
+        pub(crate) fn parked_beside_work(&self, _worker: usize, _idle: std::time::Duration) {}
 
         #[inline(always)]
         pub(crate) fn stamp(&self, _position: u64) -> Stamp {

@@ -161,24 +161,17 @@ impl Shared {
         self.wake_if_closed();
     }
 
-    /// The worker for a new mailbox: a running one with nothing queued, else
-    /// a parked one, else the least loaded (fewest tasks queued, remote and
-    /// local; the first such from a rotating start). A handler creating a
-    /// mailbox prefers its own worker when that has nothing queued — or,
-    /// if its port's turn was moved to this worker, the port's own worker
-    /// when that has nothing queued (`WorkerCx::home_for_new_key`): keys
-    /// that message each other then stay on one core (and deliver
-    /// directly), instead of landing on another worker merely spinning
-    /// for work.
+    /// The worker for a spawned future (it has no key): the spawning
+    /// worker, if a worker of this executor spawns it; else a running one
+    /// with nothing queued, else a parked one, else the least loaded
+    /// (fewest tasks queued, remote and local; the first such from a
+    /// rotating start).
     pub(crate) fn pick_worker(&self) -> usize {
         let n = self.workers.len();
         if n == 1 {
             return 0;
         }
-        if let Some(me) = WorkerCx::with_current(|cx| {
-            cx.is_of(self.id()).then(|| cx.home_for_new_key()).flatten()
-        })
-        .flatten()
+        if let Some(Some(me)) = WorkerCx::with_current(|cx| cx.is_of(self.id()).then_some(cx.index))
         {
             return me;
         }
@@ -422,6 +415,11 @@ impl Shared {
                     unparks: c.unparks.load(Relaxed),
                     spin_hits: c.spin_hits.load(Relaxed),
                     gave_way: c.gave_way.load(Relaxed),
+                    stolen: c.stolen.load(Relaxed),
+                    parked_beside_work: c.parked_beside_work.load(Relaxed),
+                    idle_beside_work: std::time::Duration::from_micros(
+                        c.idle_beside_work_us.load(Relaxed),
+                    ),
                     current_step: self.slow_steps.current_step(self, i, &targets),
                 }
             })

@@ -25,9 +25,10 @@ pub struct WorkerStats {
     /// inboxes with messages to deliver, spawned futures to poll (a port's
     /// turn under way counts as one).
     pub queued_tasks: usize,
-    /// Messages in its inboxes (one per dispatcher) not yet taken into
-    /// their keys' mailboxes: a key whose messages all wait here has no
-    /// mailbox yet, and is not counted in
+    /// Messages in the inboxes of the ports it is home to (a dispatcher's
+    /// keys are spread over its ports by hash; a port's turns run on its
+    /// home worker), not yet taken into their keys' mailboxes: a key whose
+    /// messages all wait here has no mailbox yet, and is not counted in
     /// [`ExecutorStats::live_mailboxes`].
     pub inbox: usize,
     /// Messages it finished with an output.
@@ -56,6 +57,19 @@ pub struct WorkerStats {
     /// the last yield) had run for 300 µs or more: a long step
     /// gives way to a thread waiting for its CPU.
     pub gave_way: u64,
+    /// Tasks it took from another worker's queue (a port's turn, a key's
+    /// mailbox, a spawned future waiting behind that worker's step), and
+    /// turns it took over from a stuck step: work conservation at work.
+    pub stolen: u64,
+    /// Times it parked while another worker had work waiting: tasks queued
+    /// behind that worker's step, or messages in the inbox of a port whose
+    /// turn that worker ran. The pool's imbalance, as this worker saw it:
+    /// near zero when work is spread well (a park that finds work waiting
+    /// elsewhere steals it instead, so these are parks beside work it
+    /// could not take, such as the rest of a running turn).
+    pub parked_beside_work: u64,
+    /// How long those parks lasted in all.
+    pub idle_beside_work: Duration,
     /// The handler step it is running now, and for how long. Only watched
     /// when the executor has a [`slow_step`](crate::Builder::slow_step)
     /// threshold (`None` otherwise, and between steps). Reading it

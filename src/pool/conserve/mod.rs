@@ -1,9 +1,20 @@
-//! Work conservation: nothing waits behind a stuck step while a worker
-//! idles. The whole protocol is here; the rest of the pool reaches it
-//! through two hooks: `Shared::schedule` (whoever queues a task) and
-//! `Shared::call_watcher` (whoever queues work behind a running step
-//! without queueing a task), plus the idle worker's own
-//! [`WorkerCx::steal`] and [`WorkerCx::park`].
+//! Work conservation: no worker idles beside work it could run. The whole
+//! protocol is here; the rest of the pool reaches it through two hooks:
+//! `Shared::schedule` (whoever queues a task) and `Shared::call_watcher`
+//! (whoever queues work behind a running step without queueing a task),
+//! plus the idle worker's own [`WorkerCx::steal`] and [`WorkerCx::park`].
+//!
+//! # Where work starts
+//!
+//! A key belongs to one of its dispatcher's ports by its hash, for good
+//! (`dispatcher/route.rs`): as many ports as workers, so keys spread as
+//! evenly as their hashes do, from the first message on. A port runs one
+//! turn at a time on its *home* worker, and a mailbox runs on its home
+//! (the worker that ran it last). Homes are where work starts, not where
+//! it must stay: whichever worker runs a port's turn or a mailbox becomes
+//! its home. A handler's message to another key queues that key's port on
+//! the handler's own worker (keys that message each other share a worker
+//! and deliver without a wake-up); a woken mailbox goes to its home.
 //!
 //! # Words
 //!
@@ -15,13 +26,19 @@
 //!   first saw at least `STUCK_AFTER_US` (50 µs) before. A worker making
 //!   progress is never stuck, however busy. Only idle workers watch, and
 //!   whoever queues a task while some worker is idle.
-//! - *steal* (`steal.rs`): an idle worker takes one task waiting behind a
-//!   stuck worker's step (the oldest of its run queue, else of its queue
-//!   of pushes), or the rest of its port's turn ("Stealing a turn" in
-//!   `dispatcher/port.rs`). What is stolen runs there for one turn, then
-//!   goes home: a port's next task is queued on its own worker, a mailbox
-//!   that yields or is woken on its port's worker. The running step never
-//!   moves.
+//! - *steal* (`steal.rs`): an idle worker takes, from a worker running a
+//!   step, in this order: a task queued behind it (the oldest of its run
+//!   queue, else of its queue of pushes) when two or more wait, or one
+//!   waits behind a stuck step (one task behind a step that makes progress
+//!   is the next it runs — typically a handler's message to another key —
+//!   and moving it would split keys that message each other); else a
+//!   *share* of the backlog of a port whose turn it runs: up to half of
+//!   the deliveries waiting in that port's inbox, each into its key's
+//!   mailbox, a new one queued on the thief for a key without one
+//!   (`dispatcher/share.rs`); else, behind a stuck step, the rest of that
+//!   port's turn ("Stealing a turn" in `dispatcher/port.rs`). What is
+//!   stolen runs on the thief, which becomes its home. The running step
+//!   never moves.
 //! - *call* (`call.rs`): ask an idle worker to watch (and steal). A
 //!   pusher that finds the target worker stuck pushes on an idle worker
 //!   instead, or calls one after its push; whoever queues work behind a
@@ -53,7 +70,8 @@
 //! # The parker's side
 //!
 //! 1. Out of work: count itself idle (`Shared::idle`), then a SeqCst fence.
-//! 2. Steal once if a watched worker is stuck; if it did, run it and go to 1.
+//! 2. Steal once (a task, a share, a stuck turn: see *steal*); if it
+//!    did, run it and go to 1.
 //! 3. Spin or yield as `spin` says (`worker/run.rs`); then park:
 //! 4. Count itself a sleeper (`Shared::count_sleeper`), then a SeqCst
 //!    fence, then watch the other workers and the ports. If any is
@@ -70,12 +88,22 @@
 //! two reads comes second and sees the other's write: either the parker's
 //! watch sees the work (and steals it, or watches it), or the pusher sees
 //! the idle worker (and pushes to it, or calls it). So a step with work
-//! behind it is always watched again by some idle worker, and a stuck one
-//! is stolen from. The loom models are `loom-tests/tests/executor_steal.rs`
+//! behind it is always watched again by some idle worker, which takes
+//! what it can. The loom models are `loom-tests/tests/executor_steal.rs`
 //! (under loom every running worker is stuck at the first watch, so steals
-//! happen wherever they can; `watch_vs_park` and `takeover_vs_submit` fail
-//! with the pusher's call removed); `tests/work_conservation.rs` is the
-//! public-API side.
+//! happen wherever they can; `watch_vs_park` and `steal_turn_vs_submit`
+//! fail with the pusher's call removed; `share_vs_lent_key` takes shares);
+//! `tests/work_conservation.rs` and `tests/balance.rs` are the public-API
+//! side.
+//!
+//! # Seeing imbalance
+//!
+//! A worker about to park looks whether another has work of the kind a
+//! steal takes waiting (`Shared::work_beside`); if so, the park is counted
+//! in `WorkerStats::parked_beside_work`, with its length in
+//! `idle_beside_work`. With work conservation on these are the moments a
+//! share came too late or nothing could be taken; with it off, the whole
+//! imbalance.
 //!
 //! A call already pending is not repeated, nor one for the same stuck step
 //! within `CALL_INTERVAL` (50 µs) (`Worker::may_call`); a thief watches

@@ -103,6 +103,25 @@ impl Worker {
 }
 
 impl Shared {
+    /// Whether another worker than `me` has work waiting of the kind an
+    /// idle worker takes (`steal.rs`): two or more tasks queued behind its
+    /// step, or deliveries in the inbox of a port whose turn it runs (what
+    /// `WorkerStats::parked_beside_work` counts). Read once per park.
+    pub(crate) fn work_beside(&self, me: usize) -> bool {
+        let queued = self
+            .workers
+            .iter()
+            .enumerate()
+            .any(|(i, w)| i != me && w.runs_a_step() && w.thief.len() + w.queue.len() >= 2);
+        queued
+            || self
+                .registry
+                .lock()
+                .targets
+                .iter()
+                .any(|t| t.backlog_beside(me))
+    }
+
     /// Whether some idle worker sleeps (or is about to) without a timeout.
     /// SeqCst: one side of the hand-shake in "Why no wake-up is lost" (`mod.rs`).
     #[inline]
@@ -134,6 +153,16 @@ impl Shared {
 }
 
 impl WorkerCx<'_> {
+    /// This worker parked for `idle` while another had work waiting (see
+    /// `Shared::work_beside`).
+    pub(crate) fn parked_beside_work(&self, idle: Duration) {
+        let c = &self.me().counters;
+        c.parked_beside_work.fetch_add(1, Relaxed);
+        c.idle_beside_work_us
+            .fetch_add(idle.as_micros() as u64, Relaxed);
+        self.shared.metrics.parked_beside_work(self.index, idle);
+    }
+
     /// Parks, out of work, with work conservation on and other workers
     /// there (see "The parker's side" in `mod.rs`). Counted among the
     /// sleepers first, it looks at the other workers and the ports: if any

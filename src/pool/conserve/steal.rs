@@ -1,5 +1,5 @@
-//! Steal: an idle worker takes one task waiting behind a stuck worker's
-//! step, or the rest of its port's turn.
+//! Steal: an idle worker takes one task waiting behind another worker's
+//! step, or the rest of a port's turn that a stuck step holds up.
 
 use crate::pool::dispatcher::StopTarget;
 use crate::pool::shared::Shared;
@@ -31,10 +31,22 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// `cx` (idle) takes a share of the backlog of a port whose turn runs
+    /// on another worker, in any dispatcher (see `dispatcher/share.rs`).
+    #[cold]
+    pub(crate) fn steal_share(&self, cx: &WorkerCx<'_>) -> bool {
+        // Out of the registry's lock: a share takes ports' gates.
+        let targets = self.targets();
+        targets.iter().any(|t| t.steal_share(cx))
+    }
+}
+
 impl WorkerCx<'_> {
-    /// Out of work: takes one task waiting behind a stuck worker's step
-    /// (see `conserve/mod.rs`) onto this worker's queue.
-    /// True if it found one.
+    /// Out of work: takes one task waiting behind another worker's step
+    /// (the oldest), else the rest of a port's turn that a stuck step
+    /// holds up (see `conserve/mod.rs`), onto this worker's queue. True if
+    /// it found one.
     pub(crate) fn steal(&self) -> bool {
         let me = self.me();
         me.watched.call.store(false, Relaxed);
@@ -43,18 +55,41 @@ impl WorkerCx<'_> {
         for i in 1..n {
             let w = (self.index + i) % n;
             let other = &workers[w];
-            // Nothing queued and no port's turn under way: nothing waits
-            // behind its step. (The queues themselves, not `local_len`,
-            // which its owner publishes relaxed.)
-            let waiting = !other.thief.is_empty()
-                || !other.queue.is_empty()
-                || other.local_len.load(Relaxed) != 0;
-            if waiting && other.watch(|| self.shared.now_us()) == Sighting::Stuck {
-                // A task queued behind the step, else the rest of a port's
-                // turn that the step holds up.
-                if let Some(task) = other.steal_task().or_else(|| self.shared.steal_turn(w)) {
+            // Tasks queued behind the step it runs (the queues themselves,
+            // not `local_len`, which its owner publishes relaxed): taken if
+            // two or more wait, or one behind a stuck step. One task queued
+            // behind a step that makes progress is the next it runs (a
+            // handler's message to another key, say): moving it would only
+            // split keys that message each other. An idle worker takes its
+            // own.
+            let queued = other.thief.len() + other.queue.len();
+            if queued > 0
+                && other.runs_a_step()
+                && (queued >= 2 || other.watch(|| self.shared.now_us()) == Sighting::Stuck)
+            {
+                if let Some(task) = other.steal_task() {
                     self.local.push(task);
                     self.publish_len(self.local.len());
+                    self.me().counters.stolen.fetch_add(1, Relaxed);
+                    return true;
+                }
+            }
+            // Nothing queued, but maybe a port's turn under way: its
+            // deliveries wait behind its step. Take a share of them; else,
+            // from a stuck step, the rest of the turn (which makes the
+            // running message's key a mailbox).
+            if other.local_len.load(Relaxed) == 0 {
+                continue;
+            }
+            if self.shared.steal_share(self) {
+                self.me().counters.stolen.fetch_add(1, Relaxed);
+                return true;
+            }
+            if other.watch(|| self.shared.now_us()) == Sighting::Stuck {
+                if let Some(task) = self.shared.steal_turn(w) {
+                    self.local.push(task);
+                    self.publish_len(self.local.len());
+                    self.me().counters.stolen.fetch_add(1, Relaxed);
                     return true;
                 }
             }

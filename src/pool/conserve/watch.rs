@@ -91,6 +91,13 @@ impl Worker {
         }
     }
 
+    /// Whether it runs a step: `RUNNING` and not idle (an idle worker takes
+    /// what is queued on it by itself).
+    #[inline]
+    pub(crate) fn runs_a_step(&self) -> bool {
+        self.state.load(SeqCst) == Worker::RUNNING && !self.watched.idle.load(SeqCst)
+    }
+
     /// Whether it counts as idle (see `Watched::idle`).
     #[inline]
     pub(crate) fn is_idle(&self) -> bool {

@@ -51,8 +51,12 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     fn force_drain(&self) -> usize;
     /// (mailboxes with work, idle mailboxes kept for reuse, map entries).
     fn count_mailboxes(&self) -> (usize, usize, usize);
-    /// Messages in worker `worker`'s inbox of this dispatcher.
+    /// Messages in the inboxes of this dispatcher's ports homed on worker
+    /// `worker`.
     fn inbox_len(&self, worker: usize) -> usize;
+    /// Whether one of its ports whose turn runs on a worker other than
+    /// `me` has deliveries waiting in its inbox (a backlog `me` cannot take).
+    fn backlog_beside(&self, me: usize) -> bool;
     /// Nothing of the dispatcher is in flight (see `is_quiet`).
     fn is_quiet(&self) -> bool;
     /// Frees its spare mailboxes (it is leaving the registry).
@@ -60,6 +64,9 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     /// A steal of the turn of a port whose worker `stuck` runs its turn with
     /// deliveries waiting (see "Stealing a turn" in `port.rs`).
     fn steal_turn(&self, stuck: usize) -> Option<Task>;
+    /// Worker `cx` (idle) takes a share of the backlog of a port whose
+    /// turn runs on another worker (see `share.rs`); true if it did.
+    fn steal_share(&self, cx: &WorkerCx<'_>) -> bool;
     /// Whether one of its ports is queued or running (SeqCst loads; see
     /// "Why no wake-up is lost" in `conserve/mod.rs`).
     fn any_port_busy(&self) -> bool;
@@ -87,7 +94,20 @@ where
     }
 
     fn inbox_len(&self, worker: usize) -> usize {
-        self.0.ports.get(worker).map_or(0, |port| port.inbox.len())
+        self.0
+            .ports
+            .iter()
+            .filter(|(_, port)| port.home() == worker)
+            .map(|(_, port)| port.inbox.len())
+            .sum()
+    }
+
+    fn backlog_beside(&self, me: usize) -> bool {
+        self.0.ports.iter().any(|(_, port)| {
+            port.state.is_running()
+                && port.home() != me
+                && port.inbox.len() >= super::share::SHARE_MIN
+        })
     }
 
     fn is_quiet(&self) -> bool {
@@ -109,6 +129,10 @@ where
                 && port.state.claim_steal() == Claim::Won
         })?;
         Some(Task::tagged(self.0.clone(), p | STEAL_TAG))
+    }
+
+    fn steal_share(&self, cx: &WorkerCx<'_>) -> bool {
+        DispatcherInner::steal_share(&self.0, cx)
     }
 
     fn any_port_busy(&self) -> bool {
@@ -254,8 +278,8 @@ where
     S: PoolHasher,
 {
     #[inline]
-    fn call(&self, key: &K, msg: M, position: u64) -> H::Future {
-        self.handler.call_at(key, msg, position)
+    fn call(&self, key: &K, msg: M, position: u64) -> Result<Outcome<H::Output, M>, H::Future> {
+        self.handler.call_now(key, msg, position)
     }
 
     #[inline]

@@ -9,6 +9,7 @@ use std::ptr::NonNull;
 use crate::error::Panic;
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::Mailbox;
+use crate::pool::turns::Turns;
 use crate::pool::worker::WorkerCx;
 use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::Arc;
@@ -242,7 +243,10 @@ where
             return true;
         }
         crate::pool::metrics::mailboxes(cx, &this.ident.metrics, -1);
-        cx.record_turn(port.id(), hash, spent.min(u32::MAX as usize) as u32);
+        cx.record_turn(
+            Turns::seat(port.id(), hash),
+            spent.min(u32::MAX as usize) as u32,
+        );
         // SAFETY: as above: the queue is empty, no future is stored.
         let key = unsafe { mailbox.release(false) };
         // Keep as many spares as the port has live mailboxes, plus a

@@ -1,6 +1,6 @@
-//! Dispatchers: one handler, the route table that says which worker each
-//! key's bucket lives on, and one port per worker: its inbox and the
-//! mailboxes of the keys that live there.
+//! Dispatchers: one handler, and its ports: each key belongs to one port
+//! by its hash, and a port holds its keys' inbox and mailboxes and runs
+//! its turns on one worker at a time, its *home*.
 //!
 //! The port's runner owns its mailboxes: the port's map (key → mailbox,
 //! keyed by the submitter's hash) lives under the port's *gate*, a lock
@@ -16,10 +16,11 @@
 //!
 //! - `mod.rs`: `DispatcherInner`, the public `Dispatcher` and its builder.
 //! - `hasher.rs`: `DefaultHashBuilder`, the default key hasher.
-//! - `route.rs`: a key's bucket and the worker it is placed on.
+//! - `route.rs`: a key's port, and the worker a port runs on (its home).
 //! - `submit.rs`: a message (or a batch) into its port's inbox.
 //! - `port.rs`: a port, its gate, and its state word (`PortState`).
 //! - `turn.rs`: the port's turn, and its fairness bound.
+//! - `share.rs`: an idle worker's share of a busy port's backlog.
 //! - `keys.rs`: the key map, and a drained mailbox's retirement.
 //! - `outcome.rs`: how a message ends, and what that gives back.
 //! - `stop.rs`: source stops and the force stop; the races the gate decides.
@@ -31,6 +32,7 @@ mod keys;
 mod outcome;
 mod port;
 mod route;
+mod share;
 mod stop;
 mod submit;
 mod turn;
@@ -52,12 +54,12 @@ use crate::pool::receiver::{Core, Receiver, ReceiverBuilder};
 use crate::pool::shared::Shared;
 use crate::pool::source::{wait_all_drained, Source};
 use crate::pool::{PoolHasher, PoolKey};
-use crate::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering::*};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use crate::sync::Arc;
 
 use erased::{CoreHandle, Target};
 use port::{PaddedPort, Ports};
-use route::{bucket_count, UNPLACED};
+use route::port_count;
 
 type RejectHook<K, M> = Box<dyn Fn(K, M) + Send + Sync + 'static>;
 type PanicHook<K> = Box<dyn Fn(&K, Panic) + Send + Sync + 'static>;
@@ -75,7 +77,6 @@ pub(crate) struct DispatcherInner<K, M, H: Handler<K, M>, S> {
     pub(crate) shared: Arc<Shared>,
     pub(crate) handler: H,
     hasher: S,
-    routes: Box<[AtomicU16]>,
     ports: Ports<PaddedPort<K, M, H, S>>,
     on_reject: Option<RejectHook<K, M>>,
     on_panic: Option<PanicHook<K>>,
@@ -402,12 +403,10 @@ where
     pub fn build(self) -> Dispatcher<K, M, H::Output> {
         let shared = self.executor.shared().clone();
         let id = shared.next_dispatcher_id();
-        let buckets = bucket_count(shared.workers.len());
         let inner = Arc::new(DispatcherInner {
             shared: shared.clone(),
             handler: self.handler,
-            routes: (0..buckets).map(|_| AtomicU16::new(UNPLACED)).collect(),
-            ports: Ports::new(shared.workers.len()),
+            ports: Ports::new(port_count(shared.workers.len())),
             hasher: self.hasher,
             on_reject: self.on_reject,
             on_panic: self.on_panic,

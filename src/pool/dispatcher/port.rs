@@ -240,6 +240,11 @@ pub(super) type Deferred<K, M, O> = (Delivery<K, M, O>, Stamp);
 pub(super) struct Port<K, M, H: Handler<K, M>, S> {
     /// Its phase and flags (see "The state word").
     pub(super) state: PortState,
+    /// The worker its turns run on (see `route.rs`): where a submitter
+    /// queues its task. Written by whoever begins a turn elsewhere
+    /// (relaxed: a stale home only sends the task to a worker that
+    /// another may steal it from).
+    home: AtomicUsize,
     pub(super) inbox: Inbox<Delivery<K, M, H::Output>>,
     /// Held for a delivery's bookkeeping, never across a handler (so a
     /// spin lock: one swap to take, a store to release). On its own lines:
@@ -325,6 +330,20 @@ impl<P> Drop for Ports<P> {
 }
 
 impl<K, M, H: Handler<K, M>, S> Port<K, M, H, S> {
+    /// The worker its turns run on (see `route.rs`).
+    #[inline]
+    pub(super) fn home(&self) -> usize {
+        self.home.load(Relaxed)
+    }
+
+    /// A turn of it begins on worker `w`: `w` is its home from now on.
+    #[inline]
+    pub(super) fn move_home(&self, w: usize) {
+        if self.home.load(Relaxed) != w {
+            self.home.store(w, Relaxed);
+        }
+    }
+
     /// Its identity among the ports a worker serves (its address: a port
     /// lives as long as its dispatcher).
     #[inline]
@@ -332,17 +351,18 @@ impl<K, M, H: Handler<K, M>, S> Port<K, M, H, S> {
         self as *const Self as usize
     }
 
-    /// Worker `p`'s port, idle and empty.
-    pub(super) fn new(p: usize) -> Self {
+    /// A port homed on worker `home`, idle and empty.
+    pub(super) fn new(home: usize) -> Self {
         Port {
             state: PortState::new(),
+            home: AtomicUsize::new(home),
             inbox: Inbox::new(),
             gate: CachePadded::new(SpinLock::new(Gate {
                 active: HashMap::default(),
                 loaner: None,
                 lent: None,
                 epoch: 0,
-                runner: p,
+                runner: home,
                 until: 0,
                 spares: Vec::new(),
                 deferred: VecDeque::new(),

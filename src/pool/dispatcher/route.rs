@@ -1,48 +1,27 @@
-//! Routing a key to its worker: the route table.
+//! Routing a key to its port, and a port to the worker that runs it.
 //!
-//! A submitter hashes the key (the dispatcher's hasher) and picks the key's
-//! *bucket* from the hash's high bits: one of `routes.len()` (≥ 1,024)
-//! words that map buckets to workers. A submitter *reads* its bucket's
-//! word (acquire); a bucket nobody has placed yet is placed by the first
-//! submitter, with one CAS (`pick_worker`: a running worker with nothing
-//! queued, else a parked one, else the least loaded). The submitter then
-//! pushes a delivery (key, hash, message) on that worker's port inbox and,
-//! if the port is idle, schedules it. The route table is small (two bytes
-//! a bucket) and written once per bucket, so it stays shared in every
-//! submitter's cache: a submit touches no per-key state and writes no line
-//! another submitter reads.
+//! A submitter hashes the key (the dispatcher's hasher) and takes the key's
+//! *port* from the hash's high bits: a fixed function of the hash (a
+//! multiply-shift of bits 32–63 onto the port count), the same for every
+//! submitter and for the dispatcher's life, read from no table. Ports are
+//! as many as workers, so keys spread over them as evenly as their hashes
+//! do, from the first message on — no racy look at which worker runs.
 //!
-//! A bucket keeps the port it was placed on for the dispatcher's life.
+//! Where a port's turn runs is its *home*: a worker index in the port,
+//! initially the port's own index. The home moves: a port's turn runs on
+//! whichever worker takes its task (the home, a worker that stole the task,
+//! or the worker whose handler queued it, see `submit.rs`), and that worker
+//! becomes its home. A submitter that finds the port idle queues its task
+//! on the home. Per-key order does not depend on the home: a port runs one
+//! turn at a time, wherever (its state word, `port.rs`).
 
 use crossbeam_utils::CachePadded;
 
 use crate::pool::handler::Handler;
 use crate::pool::{PoolHasher, PoolKey};
-use crate::sync::atomic::Ordering::*;
 
 use super::port::Port;
 use super::DispatcherInner;
-
-// ----- the route table -------------------------------------------------------
-
-/// A bucket's word: its worker's index, `UNPLACED` until the first
-/// submitter places it. UNPLACED → placed is its only transition (one CAS,
-/// by any submitter); nothing writes it after. Two bytes a bucket: the
-/// table is paid by every dispatcher, idle or not.
-pub(super) const UNPLACED: u16 = u16::MAX;
-
-/// Buckets per dispatcher: enough that two keys rarely share one, and
-/// that placement spreads keys over the workers.
-pub(super) fn bucket_count(workers: usize) -> usize {
-    #[cfg(not(loom))]
-    return (64 * workers).next_power_of_two().clamp(1024, 16384);
-    // Under loom two buckets: keys 0 and 1 may share one or not.
-    #[cfg(loom)]
-    {
-        let _ = workers;
-        2
-    }
-}
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
@@ -51,30 +30,11 @@ where
     H: Handler<K, M>,
     S: PoolHasher,
 {
-    /// The bucket of a hash: its high bits (the map uses the low ones).
+    /// The port of a hash: bits 32–63 scaled onto the port count (the key
+    /// map uses the low bits).
     #[inline]
-    pub(super) fn bucket_of(&self, hash: u64) -> usize {
-        (hash >> 40) as usize & (self.routes.len() - 1)
-    }
-
-    /// The worker of bucket `b`.
-    #[inline]
-    pub(super) fn route(&self, b: usize) -> usize {
-        match self.routes[b].load(Acquire) {
-            UNPLACED => self.place(b),
-            w => usize::from(w),
-        }
-    }
-
-    /// Places bucket `b`, unplaced when we looked, unless another
-    /// submitter did meanwhile: the CAS decides, and both use its winner.
-    #[cold]
-    pub(super) fn place(&self, b: usize) -> usize {
-        let p = self.shared.pick_worker();
-        match self.routes[b].compare_exchange(UNPLACED, p as u16, AcqRel, Acquire) {
-            Ok(_) => p,
-            Err(placed) => usize::from(placed),
-        }
+    pub(super) fn port_of(&self, hash: u64) -> usize {
+        port_of(hash, self.ports.ptrs.len())
     }
 
     /// Port `p`, made now if this is its first delivery. A port made after
@@ -85,11 +45,65 @@ where
         if let Some(port) = self.ports.get(p) {
             return port;
         }
-        let port = self.ports.get_or_make(p, || CachePadded::new(Port::new(p)));
+        let workers = self.shared.workers.len();
+        let port = self
+            .ports
+            .get_or_make(p, || CachePadded::new(Port::new(p % workers)));
         if self.shared.is_forced() {
             let _gate = port.gate.lock();
             port.state.close();
         }
         port
+    }
+}
+
+/// How many ports a dispatcher has on `workers` workers.
+pub(super) fn port_count(workers: usize) -> usize {
+    #[cfg(not(loom))]
+    if let Some(f) = std::env::var("KEYED_PORTS_PER_WORKER")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return workers * f.max(1);
+    }
+    workers
+}
+
+/// The port (of `ports`) of a key's hash: a multiply-shift of its bits
+/// 32–63, so that every port gets an equal share of the hash space.
+#[inline]
+pub(super) fn port_of(hash: u64, ports: usize) -> usize {
+    (((hash >> 32) * ports as u64) >> 32) as usize
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::port_of;
+
+    #[test]
+    fn hashes_spread_evenly_over_the_ports() {
+        for ports in [1usize, 2, 3, 7, 64] {
+            let mut count = vec![0usize; ports];
+            // Hashes whose high half walks the whole range.
+            let n = 1usize << 16;
+            for i in 0..n {
+                let hash = ((i as u64) << 48) | 0xdead_beef;
+                let p = port_of(hash, ports);
+                assert!(p < ports);
+                count[p] += 1;
+            }
+            let (lo, hi) = (count.iter().min().unwrap(), count.iter().max().unwrap());
+            assert!(hi - lo <= 1 + n / ports / 1000, "{ports} ports: {count:?}");
+        }
+    }
+
+    #[test]
+    fn a_port_depends_only_on_the_high_half() {
+        assert_eq!(port_of(0x8000_0000_0000_0000, 2), 1);
+        assert_eq!(port_of(0x7fff_ffff_ffff_ffff, 2), 0);
+        assert_eq!(
+            port_of(0x7fff_ffff_0000_0000, 2),
+            port_of(0x7fff_ffff_ffff_ffff, 2)
+        );
     }
 }

@@ -50,8 +50,8 @@ where
             source.record(position, Ended::Returned);
             return Err(env);
         }
-        let worker = this.route(this.bucket_of(hash));
-        let port = this.port(worker);
+        let p = this.port_of(hash);
+        let port = this.port(p);
         let d = Delivery { key, hash, env };
         port.inbox
             .push_stamped(d, this.shared.metrics.stamp(position));
@@ -62,7 +62,7 @@ where
             this.reject_late(port);
             return Ok(position);
         }
-        Self::schedule_port(this, worker);
+        Self::schedule_port(this, p);
         Ok(position)
     }
 
@@ -76,33 +76,42 @@ where
     /// no wake-up is lost" in `conserve/mod.rs`).
     #[inline]
     pub(super) fn schedule_port(this: &Arc<Self>, p: usize) {
-        if this.ports.made(p).state.schedule() == Schedule::Queue {
+        let port = this.ports.made(p);
+        if port.state.schedule() == Schedule::Queue {
             Self::queue_port(this, p);
         } else {
             // SeqCst (in `any_sleeper`): a sleeper counted itself before
             // it looked at the ports and the workers.
-            this.shared.call_watcher(p);
+            this.shared.call_watcher(port.home());
         }
     }
 
-    /// Queues port `p`'s task, the port just made SCHEDULED: locally for a
-    /// handler submitting to a key of its own worker (no wake-up: it is
-    /// running), else on the worker's queue, waking it if it sleeps.
+    /// Queues port `p`'s task, the port just made SCHEDULED: on the worker
+    /// of a handler that submits (no wake-up: it is running; keys that
+    /// message each other then share a worker, and the port's home moves
+    /// there — with work conservation off, only if it is the port's home
+    /// already), else on the port's home, waking it if it sleeps, or on an
+    /// idle worker if the home runs a step (see `Shared::schedule`).
     #[inline]
     pub(super) fn queue_port(this: &Arc<Self>, p: usize) {
+        let port = this.ports.made(p);
         let mut task = Some(Task::tagged(this.clone(), p));
-        let _ = WorkerCx::with_current(|cx| {
-            if cx.is_of(this.shared.id()) && cx.index == p {
+        let here = WorkerCx::with_current(|cx| {
+            let local = cx.is_of(this.shared.id())
+                && (this.shared.config.work_conservation || cx.index == port.home());
+            if local {
+                port.move_home(cx.index);
                 cx.push_local(task.take().expect("taken once"));
             }
+            cx.index
         });
         match task {
-            // To an idle worker instead if `p` is stuck.
             Some(task) => {
-                this.shared.schedule(p, task);
+                let w = this.shared.schedule(port.home(), task);
+                port.move_home(w);
             }
             // Behind the handler that sent it, which may run long.
-            None => this.shared.call_watcher(p),
+            None => this.shared.call_watcher(here.expect("queued on a worker")),
         }
     }
 
@@ -138,25 +147,25 @@ where
         for (i, ((key, mut env), hash)) in batch.into_iter().zip(hashes).enumerate() {
             let position = start + i as u64;
             env.held.set_position(position);
-            let worker = this.route(this.bucket_of(hash));
-            this.port(worker).inbox.push_stamped(
+            let p = this.port_of(hash);
+            this.port(p).inbox.push_stamped(
                 Delivery { key, hash, env },
                 this.shared.metrics.stamp(position),
             );
-            if !touched.contains(&worker) {
-                touched.push(worker);
+            if !touched.contains(&p) {
+                touched.push(p);
             }
         }
         fence(SeqCst);
-        for worker in touched {
-            let port = this.ports.made(worker);
+        for p in touched {
+            let port = this.ports.made(p);
             if port.state.is_closed() {
                 // As in `enqueue`: a force stop may have emptied the inbox
                 // before our pushes landed.
                 this.reject_late(port);
                 continue;
             }
-            Self::schedule_port(this, worker);
+            Self::schedule_port(this, p);
         }
         Ok(start)
     }

@@ -23,10 +23,10 @@
 //! A turn lets its gate go every `GATE_HOLD` deliveries, so that a stop or
 //! a retiring mailbox never waits for a whole backlog.
 //!
-//! Port `p` belongs to worker `p`: its task is queued there, and its
-//! mailboxes run there. Its task carries the port's index (the task's
-//! tag), so that another worker can run it when an idle worker steals
-//! it (see `conserve/mod.rs`): for that turn only.
+//! A port's turn runs on its home worker (`route.rs`); its task carries
+//! the port's index (the task's tag), so that whichever worker takes the
+//! task runs the turn — an idle worker that stole it, or one whose handler
+//! queued it — and becomes the port's home.
 //!
 //! # Decide under the gate, act outside
 //!
@@ -46,6 +46,7 @@ use crate::pool::handler::Handler;
 use crate::pool::inbox::Popped;
 use crate::pool::mailbox::{Envelope, Mailbox, Stamp, Step};
 use crate::pool::task::Task;
+use crate::pool::turns::{Seat, Turns};
 use crate::pool::worker::WorkerCx;
 use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::atomic::fence;
@@ -83,7 +84,7 @@ enum Act<K, M, H: Handler<K, M>, S> {
         loaner: MailboxRef<K, M, H, S>,
         env: Envelope<M, H::Output>,
         stamp: Stamp,
-        hash: u64,
+        seat: Seat,
         spent: u32,
     },
     /// A new mailbox with the delivery queued: to the back of the
@@ -112,7 +113,7 @@ enum Act<K, M, H: Handler<K, M>, S> {
 struct Back<K, M, H: Handler<K, M>, S> {
     loaner: MailboxRef<K, M, H, S>,
     step: Step,
-    hash: u64,
+    seat: Seat,
     spent: u32,
 }
 
@@ -145,7 +146,8 @@ where
     pub(super) fn run_port(this: Arc<Self>, p: usize, cx: &WorkerCx<'_>) {
         let port = this.ports.made(p);
         port.state.begin_turn();
-        cx.port_turn(Some(p));
+        port.move_home(cx.index);
+        cx.port_turn(true);
         let mut gate = port.gate.lock();
         gate.until = port.inbox.mark();
         gate.runner = cx.index;
@@ -181,7 +183,8 @@ where
         let epoch = gate.epoch;
         gate.runner = cx.index;
         drop(loaner);
-        cx.port_turn(Some(p));
+        port.move_home(cx.index);
+        cx.port_turn(true);
         Self::deliveries(&this, p, gate, epoch, cx);
     }
 
@@ -236,7 +239,7 @@ where
                     loaner,
                     env,
                     stamp,
-                    hash,
+                    seat,
                     spent,
                 } => {
                     cx.step();
@@ -245,7 +248,7 @@ where
                     back = Some(Back {
                         loaner,
                         step,
-                        hash,
+                        seat,
                         spent,
                     });
                 }
@@ -258,7 +261,7 @@ where
                 Act::Stolen { loaner, step, left } => {
                     // The turn is another worker's: go on as the key's
                     // mailbox, and never touch the port's state again.
-                    cx.port_turn(None);
+                    cx.port_turn(false);
                     match step {
                         Step::Done => Mailbox::turn(loaner, cx, left),
                         Step::Pending => Mailbox::after_pending(loaner, cx),
@@ -270,7 +273,7 @@ where
         };
         let more = more && (!port.inbox.is_empty() || !gate.deferred.is_empty());
         drop(gate);
-        cx.port_turn(None);
+        cx.port_turn(false);
         if more {
             // Fairness: what was pushed during the turn waits behind the
             // worker's other tasks, the mailboxes this turn queued
@@ -364,7 +367,8 @@ where
                 Err((key, panic)) => return Act::FailKeyed(key, env, panic),
             };
             // The key has no mailbox: nothing of it waits or runs.
-            let spent = cx.turn_spent(turn.port_id, hash);
+            let seat = Turns::seat(turn.port_id, hash);
+            let spent = cx.turn_spent(seat);
             if spent < turn.throughput && !this.shared.is_forced() {
                 // Run it now, lent the port's loaner, with the gate released
                 // (a long handler must not hold up a stop, which takes it).
@@ -382,7 +386,7 @@ where
                     loaner,
                     env,
                     stamp,
-                    hash,
+                    seat,
                     spent,
                 };
             }
@@ -418,7 +422,7 @@ where
         let Back {
             loaner,
             step,
-            hash,
+            seat,
             spent,
         } = back;
         if gate.epoch != turn.epoch {
@@ -431,7 +435,7 @@ where
         gate.lent = None;
         match step {
             Step::Done => {
-                cx.record_turn(turn.port_id, hash, spent + 1);
+                cx.record_turn(seat, spent + 1);
                 // SAFETY: ours, under the gate, finished.
                 let key = unsafe { loaner.release(false) };
                 match gate.loaner {

@@ -32,15 +32,16 @@
 //! # Where it runs
 //!
 //! A mailbox belongs to one port for good (`port`: the map it joins, the
-//! spares it returns to) and runs on that port's worker: wakes queue it
-//! there, and so does a turn that yields. A mailbox that an idle worker
-//! stole (see `conserve/mod.rs`) runs that turn there and then goes back
-//! (`requeue`): its deliveries come through its port, and a key split from
-//! its port would cost every message a hand-off between cores. A port's
-//! loaner may even be taken into the map while it runs, by a worker that
-//! steals the port's turn (see "Stealing a turn" in `dispatcher/port.rs`):
-//! it is `RUNNING` then, so only deliveries into its queue follow, as for
-//! any running mailbox.
+//! spares it returns to) and runs wherever its task is taken: its *home*
+//! is the worker that ran it last. A turn that yields goes to the back of
+//! that worker's queue, and a wake queues it there — or on an idle worker
+//! if that one runs a step (`Shared::schedule`). An idle worker may steal
+//! it from a busy worker's queue (see `conserve/mod.rs`), and it then
+//! stays on the thief. Its deliveries still come through its port, under
+//! the port's gate, wherever it runs. A port's loaner may even be taken
+//! into the map while it runs, by a worker that steals the port's turn
+//! (see "Stealing a turn" in `dispatcher/port.rs`): it is `RUNNING` then,
+//! so only deliveries into its queue follow, as for any running mailbox.
 //!
 //! The files: `mod.rs` (the mailbox, its cells, and what the port and the
 //! stops call), `state.rs` (the state word), `run.rs` (the runner's side:
@@ -69,6 +70,7 @@ use crate::pool::task::{Runnable, Task};
 use crate::pool::waker::Wake;
 use crate::pool::worker::WorkerCx;
 use crate::pool::PoolKey;
+use crate::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use crate::sync::{Arc, SpinLock, UnsafeCell};
 use crate::trace;
 
@@ -92,7 +94,15 @@ pub(crate) trait Produces<K, M> {
 pub(crate) trait Owner<K, M>: Produces<K, M> + Send + Sync + Sized + 'static {
     /// Calls the handler: starts the work of `msg` for `key`, the message
     /// at `position` of its source (`Handler::call_at`).
-    fn call(&self, key: &K, msg: M, position: u64) -> Self::Future;
+    ///
+    /// `Ok`: the work was done at once, with this outcome
+    /// (`Handler::call_now`); `Err`: its future, to poll.
+    fn call(
+        &self,
+        key: &K,
+        msg: M,
+        position: u64,
+    ) -> Result<Outcome<Self::Output, M>, Self::Future>;
     /// Polls the handler's future for its outcome (`Handler::poll_outcome`:
     /// a plain poll, unless the handler ends messages with crate errors, as
     /// a retrying one does).
@@ -251,9 +261,12 @@ pub(crate) struct Mailbox<K, M, D: Produces<K, M>> {
     queue: SpinLock<VecDeque<Queued<M, D::Output>>>,
     /// The key's hash (its submitter's); written with `key`.
     hash: UnsafeCell<u64>,
-    /// The port whose map and spares it belongs to (for good). It runs on
-    /// that port's worker (see "Where it runs").
+    /// The port whose map and spares it belongs to (for good).
     port: usize,
+    /// The worker it last ran on, where a wake queues it (see "Where it
+    /// runs"). Written by its runner (relaxed: a stale home only queues it
+    /// where another worker may steal it).
+    home: AtomicUsize,
 }
 
 // SAFETY: the `UnsafeCell`s are only accessed by the single party that owns
@@ -295,6 +308,7 @@ where
             queue: SpinLock::new(VecDeque::new()),
             hash: UnsafeCell::new(0),
             port,
+            home: AtomicUsize::new(0),
         }
     }
 
@@ -304,24 +318,26 @@ where
         self.port
     }
 
-    /// The worker it runs on: its port's.
+    /// The worker it last ran on (see "Where it runs").
     #[inline]
     fn home(&self) -> usize {
-        self.port
+        self.home.load(Relaxed)
     }
 
-    /// Queues a mailbox that already had a turn again: at the back of this
-    /// worker's queue, or, if it ran here only because work conservation
-    /// gave it to this worker, back on its port's worker.
+    /// It runs on worker `w` (its runner): `w` is its home from now on.
+    #[inline]
+    pub(crate) fn move_home(&self, w: usize) {
+        if self.home.load(Relaxed) != w {
+            self.home.store(w, Relaxed);
+        }
+    }
+
+    /// Queues a mailbox that already had a turn again: at the back of the
+    /// queue of the worker that ran it.
     #[inline]
     fn requeue(this: Arc<Self>, cx: &WorkerCx<'_>) {
-        let home = this.home();
-        if home == cx.index {
-            cx.requeue_local(Task::new(this));
-        } else {
-            let shared = this.owner.shared().clone();
-            shared.schedule(home, Task::new(this));
-        }
+        this.move_home(cx.index);
+        cx.requeue_local(Task::new(this));
     }
 
     /// The key it serves.
@@ -510,6 +526,7 @@ where
         if this.state.claim_scheduled(true) == Claim::Lost {
             return;
         }
+        this.move_home(cx.index);
 
         let mut budget = this.owner.shared().config.throughput;
         // SAFETY: we own the turn.

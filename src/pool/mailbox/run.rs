@@ -92,7 +92,12 @@ where
             this.owner.call(key, msg, held.position())
         }));
         let outcome = match called {
-            Ok(fut) => {
+            // Done at once (a sync handler): no future to store or poll.
+            Ok(Ok(outcome)) => {
+                held.set_unit(cx.leave_handler());
+                outcome
+            }
+            Ok(Err(fut)) => {
                 let fut = trace::instrument(fut, span);
                 // SAFETY: we own the turn (caller's contract).
                 unsafe {
@@ -437,6 +442,7 @@ where
     /// `STOP_CHECK` and we look at the source ourselves, still owning the
     /// turn — never after, when the message (and its source) may be gone.
     pub(crate) fn after_pending(this: Arc<Self>, cx: &WorkerCx<'_>) {
+        this.move_home(cx.index);
         if this.owner.shared().is_forced() {
             // SAFETY: we still own the turn.
             unsafe { this.cancel_current() };

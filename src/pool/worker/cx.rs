@@ -8,14 +8,11 @@ use crate::pool::observe::StepLocal;
 use crate::pool::shared::Shared;
 use crate::pool::source::{SourceRef, UnitRef};
 use crate::pool::task::Task;
-use crate::pool::turns::Turns;
+use crate::pool::turns::{Seat, Turns};
 use crate::sync::atomic::Ordering::*;
 use crate::sync::RunQueue;
 
 use super::Worker;
-
-/// `WorkerCx::in_port` outside a port's turn.
-pub(super) const NO_PORT: usize = usize::MAX;
 
 /// What a running task knows about the worker running it.
 pub(crate) struct WorkerCx<'a> {
@@ -39,11 +36,9 @@ pub(crate) struct WorkerCx<'a> {
     /// Tasks this worker has taken from its queue (wrapping): the `Turns`
     /// tables tell "this task or the one before" by it (see `turns.rs`).
     ticks: Cell<u32>,
-    /// The port whose turn runs on this worker, or [`NO_PORT`] (see
-    /// [`port_turn`](Self::port_turn)). The port's own worker is the home
-    /// of the keys the turn's handlers send to first (see
-    /// [`home_for_new_key`]).
-    in_port: Cell<usize>,
+    /// Whether a port's turn runs on this worker (see
+    /// [`port_turn`](Self::port_turn)).
+    in_turn: Cell<bool>,
     /// This worker's side of the slow-step report (see `observe.rs`).
     pub(crate) slow_steps: StepLocal,
     /// Counts not yet added to the metrics handles (zero-sized without the
@@ -81,7 +76,7 @@ impl<'a> WorkerCx<'a> {
             progress: Cell::new(0),
             pending: Cell::new(None),
             ticks: Cell::new(0),
-            in_port: Cell::new(NO_PORT),
+            in_turn: Cell::new(false),
             slow_steps: StepLocal::new(&shared.slow_steps),
             metrics: crate::pool::metrics::WorkerLocal::new(),
             handling: Cell::new(Handling::Nothing),
@@ -118,15 +113,15 @@ impl<'a> WorkerCx<'a> {
     pub(crate) fn publish_len(&self, len: usize) {
         self.me()
             .local_len
-            .store(len + usize::from(self.in_port.get() != NO_PORT), Relaxed);
+            .store(len + usize::from(self.in_turn.get()), Relaxed);
     }
 
-    /// Port `p`'s turn begins on this worker (`Some(p)`: maybe moved here
-    /// from `p`'s own worker), or the turn ends (`None`): while it lasts
-    /// the worker counts as having work queued (see `Worker::local_len`).
+    /// A port's turn begins on this worker (`true`), or ends: while it
+    /// lasts the worker counts as having work queued (see
+    /// `Worker::local_len`).
     #[inline]
-    pub(crate) fn port_turn(&self, p: Option<usize>) {
-        self.in_port.set(p.unwrap_or(NO_PORT));
+    pub(crate) fn port_turn(&self, running: bool) {
+        self.in_turn.set(running);
         self.publish_len(self.local.len());
     }
 
@@ -191,26 +186,18 @@ impl<'a> WorkerCx<'a> {
         self.ticks.get()
     }
 
-    /// Messages the key with `hash` of port `port` ran in its current turn
+    /// Messages the key at `seat` (`Turns::seat`) ran in its current turn
     /// (see `turns.rs`).
     #[inline]
-    pub(crate) fn turn_spent(&self, port: usize, hash: u64) -> u32 {
-        self.turns.borrow().spent(port, hash, self.tick())
+    pub(crate) fn turn_spent(&self, seat: Seat) -> u32 {
+        self.turns.borrow().spent(seat, self.tick())
     }
 
-    /// The key with `hash` of port `port` has run `spent` messages in its
-    /// turn, which ends (or goes on) in the task running now.
+    /// The key at `seat` has run `spent` messages in its turn, which ends
+    /// (or goes on) in the task running now.
     #[inline]
-    pub(crate) fn record_turn(&self, port: usize, hash: u64, spent: u32) {
-        self.turns
-            .borrow_mut()
-            .record(port, hash, spent, self.tick());
-    }
-
-    /// Out of work, about to park: a turn table a burst of keys grew goes
-    /// (see `Turns::trim`).
-    pub(crate) fn trim_turns(&self) {
-        self.turns.borrow_mut().trim();
+    pub(crate) fn record_turn(&self, seat: Seat, spent: u32) {
+        self.turns.borrow_mut().record(seat, spent, self.tick());
     }
 
     /// A message of `credit` finished on this worker.
@@ -334,28 +321,6 @@ impl WorkerCx<'_> {
     #[inline]
     pub(crate) fn is_of(&self, shared_id: usize) -> bool {
         self.shared.id() == shared_id
-    }
-
-    /// Where a handler running here places a new key, if it has a
-    /// preference: the worker its port's turn belongs to, when the turn was
-    /// stolen here and that worker has nothing queued — the keys a key
-    /// messages first then share its home, not the worker that happened to
-    /// run one turn of it (which would split a pair of keys that message
-    /// each other across workers, a wake-up per message) — else this
-    /// worker, if it has nothing queued besides the task it is running (a
-    /// port's turn counts as queued work for other threads, not for the
-    /// handler running inside it).
-    pub(crate) fn home_for_new_key(&self) -> Option<usize> {
-        let home = self.in_port.get();
-        let workers = &self.shared.workers;
-        if home != NO_PORT
-            && home != self.index
-            && home < workers.len()
-            && workers[home].queued() == 0
-        {
-            return Some(home);
-        }
-        (self.local.is_empty() && self.me().queue.is_empty()).then_some(self.index)
     }
 
     /// Whether a handler runs on this worker now (its call or a poll of

@@ -60,6 +60,14 @@ pub(crate) struct Counters {
     pub(crate) unparks: AtomicU64,
     pub(crate) spin_hits: AtomicU64,
     pub(crate) gave_way: AtomicU64,
+    /// Tasks this worker took from another's queue, or turns it took over
+    /// (`conserve/steal.rs`).
+    pub(crate) stolen: AtomicU64,
+    /// Times this worker parked while another had work waiting (tasks
+    /// queued behind its step, or deliveries in the inbox of a port whose
+    /// turn it ran), and how long those parks lasted (µs).
+    pub(crate) parked_beside_work: AtomicU64,
+    pub(crate) idle_beside_work_us: AtomicU64,
     /// Failed attempts that a retrying handler runs again (`poison.rs`).
     pub(crate) retried: AtomicU64,
     /// Messages a retrying handler gave up on.

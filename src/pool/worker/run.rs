@@ -70,7 +70,6 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // a push, a stop, and (during a graceful stop) the retirement of the
         // last mailbox, whose retirer wakes only workers it sees parked.
         cx.metrics.flush(&cx);
-        cx.trim_turns();
         shared.metrics.parking();
         me.state.swap(Worker::PARKED, SeqCst);
         fence(SeqCst);
@@ -84,6 +83,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             continue;
         }
         me.counters.parks.fetch_add(1, Relaxed);
+        let beside = cfg!(not(loom)) && shared.workers.len() > 1 && shared.work_beside(index);
         if conserve && shared.workers.len() > 1 && shared.config.watchers() {
             cx.park();
         } else {
@@ -91,6 +91,9 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         }
         shared.metrics.unparked();
         last_wait = idle_since.elapsed();
+        if beside {
+            cx.parked_beside_work(last_wait);
+        }
     }
     cx.flush_credit();
     cx.metrics.flush(&cx);

@@ -1,0 +1,174 @@
+//! Sharing a port's backlog: an idle worker takes a part of the inbox of
+//! a port whose turn runs on another worker (see "Share" in
+//! `conserve/mod.rs`).
+//!
+//! A port runs one turn at a time, so the deliveries waiting in its inbox
+//! would all wait for its runner, however many workers idle. An idle
+//! worker *shares* them: under the port's gate (taken between two of the
+//! runner's decisions, typically while the runner runs a message lent the
+//! port's loaner), it pops up to half of what waits ([`SHARE_MAX`] at
+//! most), from the head, in order, and does with each what the runner
+//! would do with a delivery for a key whose turn is spent: into its key's
+//! mailbox if the key has one, else into a new mailbox that joins the
+//! port's map and is queued on the idle worker. From then on the runner's
+//! later deliveries of those keys go into their mailboxes, behind, so
+//! per-key order and one-at-a-time hold as they do for any mailbox; the
+//! fairness bound holds as for any mailbox (a turn of at most
+//! `throughput` messages, then the back of its worker's queue).
+//!
+//! Two keys need care, because they run without being in the map:
+//!
+//! - the key the runner runs lent right now (`Gate::lent`): a delivery of
+//!   it (by hash: a different key with the same hash is simply treated the
+//!   same) goes to the gate's `deferred` queue, which the runner takes
+//!   before the inbox, so it runs after the lent message, in order;
+//! - keys that already wait in `deferred`: a share is taken only while
+//!   `deferred` is empty, so the only keys there are those the share put
+//!   there itself, all with the lent key's hash.
+//!
+//! The runner's turn is untouched: its mark, its phase and its epoch stay;
+//! it just finds fewer deliveries. A stopped source's delivery is handed
+//! over, a closed mailbox's rejected, as in a turn.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::error::Panic;
+use crate::pool::handler::Handler;
+use crate::pool::inbox::Popped;
+use crate::pool::mailbox::Envelope;
+use crate::pool::task::Task;
+use crate::pool::worker::WorkerCx;
+use crate::pool::{PoolHasher, PoolKey};
+use crate::sync::Arc;
+
+use super::keys::Lookup;
+use super::port::Delivery;
+use super::{DispatcherInner, MailboxRef};
+
+/// The most deliveries one share takes.
+pub(super) const SHARE_MAX: usize = 64;
+
+/// The fewest deliveries a port's inbox must hold for an idle worker to
+/// take a share (of half of them).
+pub(super) const SHARE_MIN: usize = 2;
+
+/// What a share does with a delivery once the gate is let go.
+enum Shared<K, M, H: Handler<K, M>, S> {
+    /// A new mailbox with the delivery queued: to this worker's queue.
+    Queue(MailboxRef<K, M, H, S>),
+    /// A delivery of a stopping source: hand it back.
+    HandOver(K, Envelope<M, H::Output>),
+    /// A delivery its (closed) mailbox refused: hand it back.
+    Reject(K, Envelope<M, H::Output>),
+    /// A delivery whose key's `Eq` panicked: fail it, then drop the key.
+    FailKeyed(K, Envelope<M, H::Output>, Panic),
+    /// A delivery whose new mailbox could not join the map.
+    FailNew(Option<K>, Envelope<M, H::Output>, Panic),
+}
+
+impl<K, M, H, S> DispatcherInner<K, M, H, S>
+where
+    K: PoolKey,
+    M: Send + 'static,
+    H: Handler<K, M>,
+    S: PoolHasher,
+{
+    /// Worker `cx`, out of work, takes a share of the backlog of one of
+    /// this dispatcher's ports whose turn runs on another worker (see the
+    /// module docs). True if it took any delivery.
+    pub(super) fn steal_share(this: &Arc<Self>, cx: &WorkerCx<'_>) -> bool {
+        if this.shared.is_forced() {
+            return false;
+        }
+        for (p, port) in this.ports.iter() {
+            if !port.state.is_running() || port.state.has_deferred() || port.state.is_closed() {
+                continue;
+            }
+            let waiting = port.inbox.len();
+            if waiting < SHARE_MIN {
+                continue;
+            }
+            let mut gate = port.gate.lock();
+            if gate.runner == cx.index
+                || !port.state.is_running()
+                || port.state.is_closed()
+                || !gate.deferred.is_empty()
+            {
+                continue;
+            }
+            // SAFETY: a lent loaner is alive while `lent` is set, and its
+            // hash is written before it is lent, under the gate we hold.
+            let lent = gate.lent.map(|l| unsafe { l.0.as_ref().hash() });
+            let mut acts = Vec::new();
+            let mut took = 0;
+            for _ in 0..(waiting / 2).clamp(1, SHARE_MAX) {
+                // SAFETY: we hold the gate: the only consumer.
+                let (Delivery { key, hash, env }, stamp) =
+                    match unsafe { port.inbox.pop_before(usize::MAX) } {
+                        Popped::Value(d, stamp) => (d, stamp),
+                        Popped::Past | Popped::Unwritten => break,
+                    };
+                took += 1;
+                if env.held.source.get().is_stopped() {
+                    acts.push(Shared::HandOver(key, env));
+                    continue;
+                }
+                if lent == Some(hash) {
+                    // Behind the message the runner runs lent: the runner
+                    // takes `deferred` before the inbox.
+                    gate.deferred
+                        .push_back((Delivery { key, hash, env }, stamp));
+                    port.state.set_deferred(true);
+                    continue;
+                }
+                match Self::lookup(&gate, hash, key) {
+                    Ok(Lookup::Active(m, key)) => {
+                        // SAFETY: in the map, under the gate.
+                        if let Err(env) = unsafe { m.as_ref() }.deliver(env, stamp) {
+                            acts.push(Shared::Reject(key, env));
+                        }
+                    }
+                    Ok(Lookup::Absent(key)) => {
+                        let m = Self::spare(this, &mut gate, p);
+                        // SAFETY: free, under the gate.
+                        unsafe { m.assign(key, hash) };
+                        if let Err(panic) = this.activate(&mut gate, &m) {
+                            // SAFETY: free, under the gate.
+                            let key = unsafe { m.take_key() };
+                            acts.push(Shared::FailNew(key, env, panic));
+                            continue;
+                        }
+                        crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
+                        // SAFETY: free, assigned, under the gate.
+                        unsafe { m.schedule_with(env, stamp) };
+                        acts.push(Shared::Queue(m));
+                    }
+                    Err((key, panic)) => acts.push(Shared::FailKeyed(key, env, panic)),
+                }
+            }
+            drop(gate);
+            for act in acts {
+                match act {
+                    Shared::Queue(m) => {
+                        m.move_home(cx.index);
+                        cx.push_local(Task::new(m));
+                    }
+                    Shared::HandOver(key, env) => Self::hand_over(this, &key, env),
+                    Shared::Reject(key, env) => this.reject(&key, env),
+                    Shared::FailKeyed(key, env, panic) => {
+                        this.fail_unkeyed(env, panic);
+                        drop(key);
+                    }
+                    Shared::FailNew(key, env, panic) => {
+                        this.fail_unkeyed(env, panic);
+                        let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+                    }
+                }
+            }
+            if took > 0 {
+                return true;
+            }
+        }
+        false
+    }
+}
