@@ -124,6 +124,14 @@ pub(crate) async fn control_loop(
                     handed_back,
                     took,
                 }) => {
+                    bump(&common.counters.hand_offs_out, 1);
+                    common.counters.forget_partition(p);
+                    common.emit(Event::Released {
+                        partition: p,
+                        drained,
+                        handed_back,
+                        took,
+                    });
                     // Everything acked and stopped: only now may the next
                     // owner start.
                     let mut inv = release.prepare_invoke();
@@ -136,14 +144,6 @@ pub(crate) async fn control_loop(
                         }
                         backoff(&mut attempt).await;
                     }
-                    bump(&common.counters.hand_offs_out, 1);
-                    common.counters.forget_partition(p);
-                    common.emit(Event::Released {
-                        partition: p,
-                        drained,
-                        handed_back,
-                        took,
-                    });
                 }
                 Ok(PartitionEnd::Fenced(why)) => {
                     bump(&common.counters.fenced, 1);
@@ -270,6 +270,7 @@ pub(crate) async fn control_loop(
                     continue;
                 }
             };
+            common.emit(Event::Acquired { partition: p, how });
             let (stop, stop_rx) = watch::channel(Stop::Run);
             let task = spawn(p, how, stop_rx);
             running.insert(p, Running { stop, task });

@@ -159,6 +159,14 @@ pub enum Event {
         /// The live members then, this node included.
         members: Vec<String>,
     },
+    /// It took `partition`'s lease: it owns it from now on, and starts by
+    /// claiming what is pending there.
+    Acquired {
+        /// The partition.
+        partition: usize,
+        /// From a release, or a vacant lease.
+        how: Takeover,
+    },
     /// It owns `partition`, claimed what was pending there, and reads new
     /// entries from now on.
     Started {
@@ -172,7 +180,7 @@ pub enum Event {
         claimed: u64,
     },
     /// It let go of `partition` (a hand-off): drained or stopped its
-    /// messages, acked what finished, then released the lease.
+    /// messages and acked what finished; its lease is released right after.
     Released {
         /// The partition.
         partition: usize,
@@ -217,6 +225,14 @@ impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Event::Joined { members } => write!(f, "joined; members {members:?}"),
+            Event::Acquired { partition, how } => write!(
+                f,
+                "partition {partition}: lease taken ({})",
+                match how {
+                    Takeover::HandedOff => "released by its owner",
+                    Takeover::Vacant => "vacant",
+                }
+            ),
             Event::Started {
                 partition,
                 how: Takeover::HandedOff,
