@@ -561,6 +561,14 @@ where
         }
     }
 
+    /// `Receiver::shutdown_now`: hands back what is queued, cancels what
+    /// is suspended, and waits for a step that is running (on this runtime
+    /// thread, so the runtime's other tasks, the heartbeat among them, move
+    /// to another thread meanwhile).
+    fn stop_now(&self) {
+        tokio::task::block_in_place(|| self.receiver.shutdown_now());
+    }
+
     /// Stops as `stop` (or a halt) says, settles every message, and acks
     /// what finished unless fenced.
     async fn finish(mut self, stop: Stop) -> PartitionEnd {
@@ -570,11 +578,11 @@ where
             let deadline = self.common().config.hand_off_deadline;
             let drained = self.receiver.shutdown_async(deadline).await;
             if !drained {
-                self.receiver.shutdown_now();
+                self.stop_now();
             }
             drained
         } else {
-            self.receiver.shutdown_now();
+            self.stop_now();
             false
         };
         // Every message has ended now: finished, handed back or cancelled.

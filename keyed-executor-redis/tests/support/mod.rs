@@ -127,31 +127,52 @@ redis.call('HINCRBY', KEYS[2], 'gaps', 1)
 return -1
 "#;
 
-/// The handler's connection to the state it writes.
+/// The handler's connections to the state it writes, opened again after
+/// they broke (a handler must outlive Redis going away as the consumer
+/// does).
 pub struct Store {
-    conn: MultiplexedConnection,
-    sync: Mutex<redis::Connection>,
+    client: redis::Client,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    sync: Mutex<Option<redis::Connection>>,
     apply: Script,
     skip: Script,
 }
 
 impl Store {
-    /// Connects on `rt` (which drives the connection).
+    /// Connects on `rt` (which drives the first connection).
     pub fn connect(rt: &tokio::runtime::Runtime, url: &str) -> Arc<Store> {
         let client = redis::Client::open(url).expect("url");
         let conn = rt
-            .block_on(client.get_multiplexed_async_connection())
+            .block_on(client.get_multiplexed_async_connection_with_config(&Self::config()))
             .expect("store connection");
         Arc::new(Store {
-            conn,
-            sync: Mutex::new(client.get_connection().expect("sync connection")),
+            conn: Mutex::new(Some(conn)),
+            sync: Mutex::new(None),
+            client,
             apply: Script::new(APPLY),
             skip: Script::new(SKIP),
         })
     }
 
+    fn config() -> redis::AsyncConnectionConfig {
+        redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+    }
+
+    async fn conn(&self) -> redis::RedisResult<MultiplexedConnection> {
+        if let Some(c) = self.conn.lock().unwrap().clone() {
+            return Ok(c);
+        }
+        let c = self
+            .client
+            .get_multiplexed_async_connection_with_config(&Self::config())
+            .await?;
+        *self.conn.lock().unwrap() = Some(c.clone());
+        Ok(c)
+    }
+
     async fn apply(&self, r: Rec) -> Applied {
-        let mut conn = self.conn.clone();
         let mut delay = Duration::from_millis(5);
         loop {
             let mut inv = self.apply.prepare_invoke();
@@ -161,12 +182,17 @@ impl Store {
                 .arg(r.key)
                 .arg(r.seq)
                 .arg(r.amount);
-            match inv.invoke_async::<(i64, i64)>(&mut conn).await {
+            let done = match self.conn().await {
+                Ok(mut conn) => inv.invoke_async::<(i64, i64)>(&mut conn).await,
+                Err(e) => Err(e),
+            };
+            match done {
                 Ok((1, _)) => return Applied::Applied,
                 Ok((0, _)) => return Applied::Duplicate,
                 Ok((_, last)) => return Applied::Gap { last },
                 // Redis away: the record waits (and so does its key).
                 Err(_) => {
+                    *self.conn.lock().unwrap() = None;
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_millis(500));
                 }
@@ -177,18 +203,29 @@ impl Store {
     fn skip(&self, r: &Rec) {
         let mut delay = Duration::from_millis(5);
         loop {
-            let mut conn = self.sync.lock().unwrap();
-            let done = self
-                .skip
-                .key(LAST)
-                .key(STATS)
-                .arg(r.key)
-                .arg(r.seq)
-                .invoke::<i64>(&mut conn);
-            drop(conn);
-            if done.is_ok() {
+            let mut slot = self.sync.lock().unwrap();
+            if slot.is_none() {
+                *slot = self
+                    .client
+                    .get_connection_with_timeout(Duration::from_secs(2))
+                    .ok();
+            }
+            let done = match slot.as_mut() {
+                Some(conn) => self
+                    .skip
+                    .key(LAST)
+                    .key(STATS)
+                    .arg(r.key)
+                    .arg(r.seq)
+                    .invoke::<i64>(conn)
+                    .is_ok(),
+                None => false,
+            };
+            if done {
                 return;
             }
+            *slot = None;
+            drop(slot);
             std::thread::sleep(delay);
             delay = (delay * 2).min(Duration::from_millis(500));
         }
@@ -255,13 +292,16 @@ pub fn amount_of(i: u64) -> i64 {
     }
 }
 
-/// Appends `records` records over `keys` keys (`key = i % keys`), 200 per
-/// call, plus one undecodable entry after every 1,000th record, at most
-/// `rate` records a second if given. Calls `progress` after each call.
+/// Appends records `first..first + records` over `keys` keys (`key = i %
+/// keys`), 200 per call, plus one undecodable entry after every 1,000th
+/// record, at most `rate` records a second if given. Calls `progress`
+/// after each call.
+#[allow(clippy::too_many_arguments)]
 pub async fn produce(
     conn: &mut MultiplexedConnection,
     streams: &Streams,
     keys: u64,
+    first: u64,
     records: u64,
     rate: Option<u64>,
     mut progress: impl FnMut(u64),
@@ -276,7 +316,7 @@ pub async fn produce(
         for s in streams.iter() {
             inv.key(s);
         }
-        for i in done..done + n {
+        for i in first + done..first + done + n {
             let key = i % keys;
             inv.arg(partition_of(key.to_string(), streams.len()))
                 .arg(key)
