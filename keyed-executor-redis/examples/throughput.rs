@@ -106,7 +106,10 @@ fn main() {
         for run in 0..runs {
             for (d, design) in ["plain", "crate"].iter().enumerate() {
                 let rate = one_run(&rt, &mut conn, &url, design, n, records);
-                eprintln!("  {n} process(es), {design}, run {}: {rate:.0} records/s", run + 1);
+                eprintln!(
+                    "  {n} process(es), {design}, run {}: {rate:.0} records/s",
+                    run + 1
+                );
                 rates[d].push(rate);
             }
         }
@@ -209,13 +212,18 @@ fn one_run(
             }
         });
     }
-    let first_start = rx.recv_timeout(Duration::from_secs(60)).expect("a child started");
+    let first_start = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a child started");
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         if done(rt, conn, &streams) {
             break;
         }
-        assert!(Instant::now() < deadline, "{design} with {n} processes did not finish");
+        assert!(
+            Instant::now() < deadline,
+            "{design} with {n} processes did not finish"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     let took = Duration::from_micros(now_us().saturating_sub(first_start));
@@ -241,7 +249,9 @@ fn done(
     }
     let replies: Vec<Value> = rt.block_on(pipe.query_async(conn)).expect("XINFO");
     replies.iter().all(|r| {
-        let Value::Array(groups) = r else { return false };
+        let Value::Array(groups) = r else {
+            return false;
+        };
         groups.iter().all(|g| {
             let fields: Vec<(String, Value)> = match g {
                 Value::Array(flat) => flat
@@ -280,7 +290,10 @@ fn done(
 fn child(args: &[String]) {
     let url = flag(args, "--url").expect("--url");
     let design = flag(args, "--design").expect("--design");
-    let index: usize = flag(args, "--index").expect("--index").parse().expect("index");
+    let index: usize = flag(args, "--index")
+        .expect("--index")
+        .parse()
+        .expect("index");
     let of: usize = flag(args, "--of").expect("--of").parse().expect("of");
     let streams = Streams::numbered("bench:", PARTITIONS);
     let started = std::sync::Once::new();

@@ -50,12 +50,15 @@ use crate::link::{backoff, transient, Link};
 use crate::scripts;
 use crate::stats::{bump, Event, PartitionState, Takeover};
 
+/// The user's decode function, boxed.
+pub(crate) type DecodeFn<K, M> = Box<dyn Fn(&Entry) -> Result<(K, M), DecodeError> + Send + Sync>;
+
 /// What every partition loop of one consumer shares (generic over the
 /// user's key, message and handler output).
 pub(crate) struct Ctx<K, M, O> {
     pub(crate) common: Arc<Common>,
     pub(crate) dispatcher: Dispatcher<K, M, O>,
-    pub(crate) decode: Box<dyn Fn(&Entry) -> Result<(K, M), DecodeError> + Send + Sync>,
+    pub(crate) decode: DecodeFn<K, M>,
     pub(crate) verdict: Box<dyn Fn(&O) -> Verdict + Send + Sync>,
 }
 

@@ -375,6 +375,7 @@ fn scenario(url: &str) {
                     &mut conn,
                     &streams,
                     KEYS,
+                    0,
                     records,
                     Some(rate.max(1)),
                     |_| {},

@@ -79,16 +79,16 @@ pub fn decode(e: &Entry) -> Result<(u64, Rec), DecodeError> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Applied {
+pub enum Outcome {
     Applied,
     Duplicate,
     Gap { last: i64 },
 }
 
 /// A gap halts the partition: the record stays pending for a person.
-pub fn verdict(a: &Applied) -> Verdict {
+pub fn verdict(a: &Outcome) -> Verdict {
     match a {
-        Applied::Gap { last } => Verdict::Halt(format!("order violation: last applied {last}")),
+        Outcome::Gap { last } => Verdict::Halt(format!("order violation: last applied {last}")),
         _ => Verdict::Ack,
     }
 }
@@ -172,7 +172,7 @@ impl Store {
         Ok(c)
     }
 
-    async fn apply(&self, r: Rec) -> Applied {
+    async fn apply(&self, r: Rec) -> Outcome {
         let mut delay = Duration::from_millis(5);
         loop {
             let mut inv = self.apply.prepare_invoke();
@@ -187,9 +187,9 @@ impl Store {
                 Err(e) => Err(e),
             };
             match done {
-                Ok((1, _)) => return Applied::Applied,
-                Ok((0, _)) => return Applied::Duplicate,
-                Ok((_, last)) => return Applied::Gap { last },
+                Ok((1, _)) => return Outcome::Applied,
+                Ok((0, _)) => return Outcome::Duplicate,
+                Ok((_, last)) => return Outcome::Gap { last },
                 // Redis away: the record waits (and so does its key).
                 Err(_) => {
                     *self.conn.lock().unwrap() = None;
@@ -234,7 +234,7 @@ impl Store {
 
 /// A retrying async handler: a zero amount is refused, tried twice more,
 /// then dead-lettered (the hook advances its key past it).
-pub fn handler(store: Arc<Store>) -> impl Handler<u64, Rec, Output = Applied> {
+pub fn handler(store: Arc<Store>) -> impl Handler<u64, Rec, Output = Outcome> {
     let policy = RetryPolicy::builder()
         .max_attempts(3)
         .backoff(Backoff::exponential(
