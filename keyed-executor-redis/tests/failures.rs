@@ -170,6 +170,9 @@ fn a_node_with_other_partitions_refuses_to_start_and_says_why() {
         .handler(noop())
         .start()
         .expect("the first node records the layout");
+    wait_for("a owns the 4 partitions", Duration::from_secs(20), || {
+        a.owned().len() == 4
+    });
     let err = node(&server.url(), Streams::numbered("t:", 8), "b")
         .decode(noop_decode)
         .handler(noop())
@@ -192,8 +195,9 @@ fn a_node_with_other_partitions_refuses_to_start_and_says_why() {
         text.contains("4 partitions recorded") && text.contains("given 8"),
         "{text}"
     );
-    // The running node is untouched.
-    assert!(!a.owned().is_empty());
+    // The running node is untouched: b never joined.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(a.owned().len(), 4);
     a.leave(Duration::from_secs(10)).expect("leaves");
 }
 
