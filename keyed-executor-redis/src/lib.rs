@@ -120,3 +120,17 @@ pub use entry::{DecodeError, Entry};
 pub use layout::{partition_of, Streams};
 pub use producer::Producer;
 pub use stats::{Event, PartitionState, PartitionStats, Stats, Takeover};
+
+#[cfg(test)]
+mod tests {
+    /// The handles cross threads: a node is started on one thread and
+    /// left from another, its stats read from anywhere.
+    #[test]
+    fn handles_are_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<crate::Consumer>();
+        send_sync::<crate::Producer>();
+        send_sync::<crate::Stats>();
+        send_sync::<crate::StartError>();
+    }
+}

@@ -293,10 +293,8 @@ where
         let mut attempt = 0;
         while !stopping(stop) && self.halt.is_none() {
             self.collect();
-            if !self.dead.is_empty() {
-                self.flush(stop).await;
-                continue;
-            }
+            // Dead letters go out on their own (rare); acks ride on the read.
+            self.flush_dead(stop).await;
             if self.recover {
                 match self.recover_lost(stop).await {
                     Some(true) => self.recover = false,
@@ -498,11 +496,18 @@ where
         self.acks.clear();
     }
 
-    /// Sends the acks and writes the dead letters on their own (when no
-    /// read carries them), retrying while Redis is away unless the
-    /// partition is fenced: what could not be acked stays pending and is
-    /// delivered again.
+    /// Writes the dead letters, then sends the acks on their own (when no
+    /// read carries them).
     async fn flush(&mut self, stop: &watch::Receiver<Stop>) {
+        self.flush_dead(stop).await;
+        self.flush_acks(stop).await;
+    }
+
+    /// Writes the dead letters (each acked with it), retrying while Redis
+    /// is away unless the partition is fenced: what could not be written
+    /// stays pending and is delivered again. Halts the partition when there
+    /// is no dead-letter stream, or Redis refuses the write.
+    async fn flush_dead(&mut self, stop: &watch::Receiver<Stop>) {
         let common = self.ctx.common.clone();
         let cfg = &common.config;
         let mut attempt = 0;
@@ -548,7 +553,16 @@ where
                 }
             }
         }
-        attempt = 0;
+    }
+
+    /// Sends the acks on their own, retrying a few times unless the
+    /// partition is fenced: what could not be acked stays pending and is
+    /// delivered again.
+    async fn flush_acks(&mut self, stop: &watch::Receiver<Stop>) {
+        let common = self.ctx.common.clone();
+        let cfg = &common.config;
+        let mut attempt = 0;
+        let fenced = || *stop.borrow() == Stop::Fence;
         while !self.acks.is_empty() && !common.stall_acks.load(Ordering::SeqCst) && !fenced() {
             let mut cmd = redis::cmd("XACK");
             cmd.arg(&self.stream).arg(&cfg.group).arg(&self.acks);
