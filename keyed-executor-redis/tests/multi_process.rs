@@ -25,7 +25,8 @@
 //! was claimed by the survivors. It prints the hand-off and recovery times.
 //!
 //! Skips with a printed reason when `redis-server` is not installed,
-//! unless `KEYED_REQUIRE_REDIS=1`.
+//! unless `KEYED_REQUIRE_REDIS=1`. `KEYED_REDIS_RECORDS` and
+//! `KEYED_REDIS_LEASE_MS` change its size and its lease.
 
 mod support;
 
@@ -39,7 +40,16 @@ use keyed_executor_redis::{Consumer, Event, Takeover};
 
 const PARTITIONS: usize = 8;
 const KEYS: u64 = 1_000;
-const LEASE: Duration = Duration::from_secs(2);
+/// The lease (and claim idle time) of every node: 2 s, or
+/// `KEYED_REDIS_LEASE_MS` (the nodes inherit the variable).
+fn lease() -> Duration {
+    Duration::from_millis(
+        std::env::var("KEYED_REDIS_LEASE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2_000),
+    )
+}
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// The producer's run time: the changes happen while it writes.
 const PRODUCE_FOR: Duration = Duration::from_secs(20);
@@ -101,7 +111,7 @@ fn consume(args: &[String]) {
         .group(support::GROUP)
         .name(&name)
         .dead_letters(Some(support::DEAD.into()))
-        .lease(LEASE)
+        .lease(lease())
         .heartbeat(HEARTBEAT)
         .join_delay(Duration::from_millis(500))
         .workers(2)
@@ -353,7 +363,8 @@ fn scenario(url: &str) {
     };
     println!(
         "multi_process: {records} records over {KEYS} keys, {PARTITIONS} partitions, lease \
-         {LEASE:?}, heartbeat {HEARTBEAT:?}, claim idle = lease"
+         {:?}, heartbeat {HEARTBEAT:?}, claim idle = lease",
+        lease()
     );
     let log: Log = Arc::default();
     let began = Instant::now();
