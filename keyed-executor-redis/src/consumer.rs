@@ -322,7 +322,9 @@ impl Consumer {
     /// lease is released for the next owner), and the node leaves the
     /// membership. Blocks until done or `timeout`; then stops the
     /// consumer's loops and, if the consumer made its executor, that
-    /// executor.
+    /// executor. A halted partition is not handed off: its entry stays
+    /// pending and its lease expires, after which another node takes it
+    /// up.
     ///
     /// # Errors
     /// [`LeaveError`] if partitions were still owned at `timeout`: they are
