@@ -250,6 +250,11 @@ fn a_lease_lost_while_handling_stops_the_partition_hands_back_and_acks_nothing()
         let s = consumer.stats();
         s.read == 40 && s.partitions.get(&0).is_some_and(|p| p.in_flight == 40)
     });
+    // Everything was delivered: the partition's lag (asked about once a
+    // second) comes down to 0.
+    wait_for("the lag is 0", Duration::from_secs(10), || {
+        consumer.stats().partitions.get(&0).and_then(|p| p.lag) == Some(0)
+    });
 
     // Someone else takes the lease.
     rt.block_on(
@@ -469,6 +474,7 @@ fn redis_unreachable_mid_run_loses_nothing() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let retries: u64 = nodes.iter().map(|n| n.stats().retries).sum();
+    let dead_lettered: u64 = nodes.iter().map(|n| n.stats().dead_lettered).sum();
     for n in nodes {
         n.leave(Duration::from_secs(20)).expect("leaves");
     }
@@ -492,6 +498,11 @@ fn redis_unreachable_mid_run_loses_nothing() {
     assert_eq!(v.produced, 10_000);
     assert!(v.problems().is_empty(), "{:#?}", v.problems());
     assert!(retries > 0, "the nodes saw Redis go away");
+    assert_eq!(
+        dead_lettered,
+        v.dead_letters.len() as u64,
+        "the nodes' dead-letter counts add up to the dead-letter stream"
+    );
     assert!(
         fences > 0,
         "a 3 s pause outlasts a 1.5 s lease: the nodes fenced"
