@@ -282,12 +282,23 @@ fn a_lease_lost_while_handling_stops_the_partition_hands_back_and_acks_nothing()
                 .get(&0)
                 .is_some_and(|p| p.state == keyed_executor_redis::PartitionState::Stopping)
     });
+    // Give the stop time to close the receiver before the running record
+    // ends (should the record behind it start first, the checks below
+    // still hold: what ran is a prefix, the rest is handed back).
+    std::thread::sleep(Duration::from_millis(200));
     gate.store(false, Ordering::SeqCst);
     wait_for("fenced", Duration::from_secs(10), || fenced(&events));
     let stats = consumer.stats();
-    assert_eq!(stats.handed_back, 39, "the queued records came back");
+    let ran = applied.lock().unwrap().clone();
+    let k = ran.len() as u64;
+    assert!(k >= 1, "the running record finished");
+    assert_eq!(
+        ran,
+        (0..k).collect::<Vec<_>>(),
+        "what ran is a prefix, in order"
+    );
+    assert_eq!(stats.handed_back, 40 - k, "the queued records came back");
     assert_eq!(stats.acked, 0, "nothing acked after the lease was lost");
-    assert_eq!(*applied.lock().unwrap(), [0], "only the running record ran");
     let (pending, by) = rt
         .block_on(support::pending(&mut conn, &streams))
         .expect("pending");
@@ -308,10 +319,10 @@ fn a_lease_lost_while_handling_stops_the_partition_hands_back_and_acks_nothing()
             == 0
     });
     let seen = applied.lock().unwrap().clone();
-    let expected: Vec<u64> = std::iter::once(0).chain(0..40).collect();
+    let expected: Vec<u64> = (0..k).chain(0..40).collect();
     assert_eq!(
         seen, expected,
-        "0 ran twice (before and after), then 1..40 in order"
+        "what ran before the fence ran again (not acked), then all 40 in order"
     );
     consumer.leave(Duration::from_secs(10)).expect("leaves");
 }
