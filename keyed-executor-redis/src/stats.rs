@@ -79,9 +79,10 @@ pub struct Stats {
     pub applied: u64,
     /// Entries acked (`XACK`), dead letters not included.
     pub acked: u64,
-    /// Entries written to the dead-letter stream (and acked with it): did
-    /// not decode, given up on by a retrying handler, expired, or
-    /// [`Verdict::DeadLetter`](crate::Verdict::DeadLetter).
+    /// Entries this node wrote to the dead-letter stream (and acked with
+    /// it): did not decode, given up on by a retrying handler, expired, or
+    /// [`Verdict::DeadLetter`](crate::Verdict::DeadLetter). A write whose
+    /// reply was lost is not counted (its retry finds it done).
     pub dead_lettered: u64,
     /// Messages a stop handed back or cancelled: not acked, they stay
     /// pending for the partition's next owner.

@@ -509,10 +509,12 @@ fn redis_unreachable_mid_run_loses_nothing() {
     assert_eq!(v.produced, 10_000);
     assert!(v.problems().is_empty(), "{:#?}", v.problems());
     assert!(retries > 0, "the nodes saw Redis go away");
-    assert_eq!(
-        dead_lettered,
-        v.dead_letters.len() as u64,
-        "the nodes' dead-letter counts add up to the dead-letter stream"
+    // A write whose reply was lost in the outage is in the stream but not
+    // counted (its retry finds it done): the counts never exceed it.
+    assert!(
+        dead_lettered <= v.dead_letters.len() as u64 && dead_lettered > 0,
+        "the nodes counted {dead_lettered} dead letters, the stream holds {}",
+        v.dead_letters.len()
     );
     assert!(
         fences > 0,
