@@ -508,9 +508,9 @@ where
     /// Validates the settings, connects (retrying for
     /// [`connect_timeout`](Self::connect_timeout)), checks the group's
     /// layout, creates the streams and groups if asked, joins the group
-    /// and starts taking partitions. Blocks the calling thread until it
-    /// has joined or failed; from async code, call it in
-    /// `tokio::task::spawn_blocking`.
+    /// and starts taking partitions. Blocks the calling thread until its
+    /// first heartbeat went through (at most the connect timeout more) or
+    /// it failed; from async code, call it in `tokio::task::spawn_blocking`.
     ///
     /// # Errors
     /// [`StartError`](crate::StartError): a bad setting, Redis unreachable,
