@@ -1,9 +1,10 @@
 //! Against a real broker: a `redis-server` this test starts itself (a temp
 //! dir, a free loopback port, no persistence; killed at the end, also on
-//! a panic). It runs the example's own consumer (`examples/redis_consumer/`,
-//! included below, not copied): a producer, two consumers with their own
-//! executors, runtimes and connections, a graceful hand-off and a crash
-//! midway, and checks in Redis that every key's records were applied
+//! a panic). It runs the example's own ledger (`examples/redis_consumer/`,
+//! included below, not copied) on the `keyed-executor-redis` crate: a
+//! producer, two nodes with their own executors, runtimes and connections
+//! in one process, a graceful hand-off and a crash midway (the crate's own
+//! tests run separate processes), and checks in Redis that every key's records were applied
 //! exactly once and in order (duplicates skipped and counted, no gap) and
 //! that nothing stays pending.
 //!
@@ -39,8 +40,8 @@ fn redis_or_skip() -> Option<server::RedisServer> {
 /// crash recovered with its duplicates skipped.
 fn run_and_check(s: &scenario::Scenario) -> scenario::Report {
     let report = scenario::run(s).unwrap_or_else(|e| panic!("scenario failed: {e}"));
-    for e in &report.events {
-        println!("  {e}");
+    for (node, e) in &report.events {
+        println!("  [{node}] {e}");
     }
     let v = &report.verification;
     let (takeovers, claimed) = report.takeovers_by_a();

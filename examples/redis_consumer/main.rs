@@ -1,8 +1,9 @@
-//! A ledger consumer over a real broker: **Redis Streams** with a consumer
-//! group, at-least-once delivery, graceful partition hand-off and crash
-//! recovery. One process per node; the crate runs a node's records (one
-//! at a time per key, in order, keys in parallel), Redis spreads the
-//! partitions across nodes.
+//! A ledger consumer over a real broker, **Redis Streams**, on top of the
+//! `keyed-executor-redis` crate: a consumer group, at-least-once delivery,
+//! graceful partition hand-off and crash recovery, dead letters. One
+//! process per node; the crate runs a node's records (one at a time per
+//! key, in order, keys in parallel) and spreads the partitions across
+//! nodes.
 //!
 //! ```text
 //! cargo run --release --example redis_consumer                  # self-check (own redis-server)
@@ -10,31 +11,20 @@
 //! cargo run --release --example redis_consumer -- consume --name a --exit-when-idle 5
 //! cargo run --release --example redis_consumer -- consume --name b --exit-when-idle 5
 //! cargo run --release --example redis_consumer -- check
-//! cargo run --release --example redis_consumer -- bench --consumers 2
 //! ```
 //!
 //! - Partition `p` is the stream `ledger:{p}`; a key's records are always
-//!   in stream `partition_of(key)` (a stable hash modulo P). Each consumer
-//!   owns a set of partitions, one `Receiver` each, reads them with
-//!   `XREADGROUP`, submits every record, and `XACK`s a record only after
-//!   its completion says it was applied. Acks are batched per read round:
-//!   each `XREADGROUP` goes out pipelined behind one `XACK` of everything
-//!   that finished since the round before.
+//!   in stream `partition_of(key)` (the crate's stable hash of the key's
+//!   decimal digits). The crate owns the partitions (leases), reads them
+//!   with `XREADGROUP`, submits each record to the node's executor, and
+//!   `XACK`s it only after its completion says it was applied.
 //! - The handler is async: a Lua script applies the record to the state
 //!   in Redis idempotently by the key's sequence number — `seq == last +
 //!   1` applies, `seq <= last` is a duplicate (skipped, counted), anything
-//!   else an order violation — so redeliveries after a crash are harmless.
-//! - Partitions are assigned from the live members (`ledger:members`) and
-//!   guarded by leases (`ledger:owner:{p}`). A consumer that joins or
-//!   leaves moves partitions by a graceful hand-off: the old owner closes
-//!   the source, drains it within a deadline (else force-stops it; what it
-//!   hands back stays pending), acks what finished and releases the lease;
-//!   only then the new owner claims what is pending (`XAUTOCLAIM`) and
-//!   reads on. A consumer that dies leaves its entries pending; once its
-//!   lease expires the survivor claims them (`XAUTOCLAIM` with an idle
-//!   threshold) before reading new ones.
+//!   else an order violation (the partition halts) — so redeliveries after
+//!   a crash are harmless.
 //!
-//! `ledger.rs` is the consumer (its header walks through the protocol),
+//! `ledger.rs` is the ledger (record, handler, producer, check),
 //! `scenario.rs` the self-checking run, `server.rs` a throwaway
 //! `redis-server`. `tests/broker_redis.rs` runs the same scenario and
 //! checks it. Needs Redis ≥ 6.2 (`XAUTOCLAIM`, `XPENDING … IDLE`).
@@ -42,6 +32,7 @@
 #[allow(dead_code)] // the test uses what the command line does not
 mod ledger;
 mod scenario;
+#[allow(dead_code)] // pid() is for the crate's tests
 mod server;
 
 use std::collections::HashMap;
@@ -49,7 +40,8 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ledger::{Consumer, ConsumerConfig, Event};
+use keyed_executor_redis::Event;
+use ledger::{ConsumerConfig, Node};
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379/";
 
@@ -104,9 +96,8 @@ fn main() {
             "produce" => produce(&args),
             "consume" => consume(&args),
             "check" => check(&args),
-            "bench" => bench(&args),
             other => Err(format!(
-                "unknown command {other:?}: selfcheck | produce | consume | check | bench"
+                "unknown command {other:?}: selfcheck | produce | consume | check"
             )
             .into()),
         });
@@ -284,10 +275,10 @@ fn consume(args: &Args) -> Result<(), Box<dyn Error>> {
     cfg.workers = args.get("workers", 2)?;
     let idle_exit: f64 = args.get("exit-when-idle", 0.0)?;
     let began = Instant::now();
-    let sink: ledger::EventSink = Arc::new(move |e: Event| {
-        println!("{:>7.2}s {e}", began.elapsed().as_secs_f64());
+    let sink: ledger::EventSink = Arc::new(move |node: &str, e: &Event| {
+        println!("{:>7.2}s [{node}] {e}", began.elapsed().as_secs_f64());
     });
-    let consumer = Consumer::start(cfg, sink)?;
+    let consumer = Node::start(cfg, sink)?;
     let mut last = consumer.stats();
     let mut last_change = Instant::now();
     loop {
@@ -320,9 +311,7 @@ fn consume(args: &Args) -> Result<(), Box<dyn Error>> {
         began.elapsed().as_secs_f64()
     );
     let stats = consumer.stats();
-    if !consumer.leave(Duration::from_secs(30)) {
-        return Err("could not hand off every partition within 30 s".into());
-    }
+    consumer.leave(Duration::from_secs(30))?;
     println!(
         "[{name}] done: applied {}, duplicates skipped {}, acked {}, claimed {}",
         stats.applied, stats.duplicates, stats.acked, stats.claimed
@@ -359,99 +348,4 @@ fn check(args: &Args) -> Result<(), Box<dyn Error>> {
     } else {
         Err(problems.join("; ").into())
     }
-}
-
-/// Records per second end to end: produce `--records` up front, then
-/// `--consumers` consumers (in this process, each with its own executor,
-/// runtime and connections) consume them; timed from the first partition
-/// started to the last record applied, and to the last one acked.
-fn bench(args: &Args) -> Result<(), Box<dyn Error>> {
-    let records: u64 = args.get("records", 200_000)?;
-    let keys: u64 = args.get("keys", 1_000)?;
-    let consumers: usize = args.get("consumers", 1)?;
-    let partitions: usize = args.get("partitions", 4)?;
-    let workers: usize = args.get("workers", 2)?;
-    let io_threads: usize = args.get("io-threads", 1)?;
-    let own = if args.0.contains_key("url") {
-        None
-    } else {
-        Some(server::RedisServer::start()?)
-    };
-    let url = own.as_ref().map_or_else(|| args.url(), |s| s.url());
-    let rt = runtime()?;
-    let mut conn = connect(&rt, &url)?;
-    let (ping, apply) = rt.block_on(ledger::round_trips(&mut conn, 2_000))?;
-    println!("redis round trip (median of 2000, one connection): PING {ping:.1?}, APPLY script {apply:.1?}");
-
-    let began = Instant::now();
-    rt.block_on(ledger::produce(
-        &mut conn,
-        partitions,
-        keys,
-        records,
-        200,
-        None,
-        |_| {},
-    ))?;
-    let took = began.elapsed();
-    println!(
-        "produced {records} records over {keys} keys, {partitions} partitions in {took:.2?} ({:.0}/s)",
-        records as f64 / took.as_secs_f64()
-    );
-
-    let first_start: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
-    let fs = first_start.clone();
-    let sink: ledger::EventSink = Arc::new(move |e: Event| {
-        if matches!(e, Event::Started { .. }) {
-            fs.lock().unwrap().get_or_insert_with(Instant::now);
-        }
-    });
-    let running: Vec<Consumer> = (0..consumers)
-        .map(|i| {
-            let mut cfg = ConsumerConfig::new(url.clone(), format!("c{i}"), partitions);
-            cfg.workers = workers;
-            cfg.io_threads = io_threads;
-            // Join together, then split the partitions without a hand-off.
-            cfg.initial_delay = Duration::from_millis(500);
-            Consumer::start(cfg, sink.clone())
-        })
-        .collect::<Result<_, _>>()?;
-    let mut applied_at = None;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        std::thread::sleep(Duration::from_millis(2));
-        let (applied, _, _) = rt.block_on(ledger::totals(&mut conn))?;
-        if applied >= records && applied_at.is_none() {
-            applied_at = Some(Instant::now());
-        }
-        if applied_at.is_some() && rt.block_on(ledger::pending(&mut conn, partitions))? == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err("bench did not finish in 600 s".into());
-        }
-    }
-    let acked_at = Instant::now();
-    let start = first_start.lock().unwrap().expect("a partition started");
-    let to_applied = applied_at.expect("set") - start;
-    let to_acked = acked_at - start;
-    let shares: Vec<String> = running
-        .iter()
-        .map(|c| format!("{} {}", c.name(), c.stats().applied))
-        .collect();
-    for c in running {
-        c.leave(Duration::from_secs(30));
-    }
-    let v = rt.block_on(ledger::verify(&mut conn, partitions))?;
-    if !v.problems().is_empty() {
-        return Err(v.problems().join("; ").into());
-    }
-    println!(
-        "{consumers} consumer(s): {records} records applied in {to_applied:.2?} ({:.0} records/s), \
-         all acked after {to_acked:.2?} ({:.0} records/s); applied per consumer: {}",
-        records as f64 / to_applied.as_secs_f64(),
-        records as f64 / to_acked.as_secs_f64(),
-        shares.join(", ")
-    );
-    Ok(())
 }

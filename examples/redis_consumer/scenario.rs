@@ -26,7 +26,9 @@ use std::error::Error;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::ledger::{self, Consumer, ConsumerConfig, Event, StatsSnapshot, Takeover, Verification};
+use keyed_executor_redis::{Event, Takeover};
+
+use crate::ledger::{self, ConsumerConfig, Node, StatsSnapshot, Verification};
 
 /// The run's size and timing.
 #[derive(Debug, Clone)]
@@ -72,7 +74,8 @@ impl Scenario {
 #[derive(Debug)]
 pub struct Report {
     pub verification: Verification,
-    pub events: Vec<Event>,
+    /// Every node's events, with its name.
+    pub events: Vec<(String, Event)>,
     /// Duplicates counted in Redis before the crash and after the end.
     pub duplicates_before_crash: u64,
     pub stats_a: StatsSnapshot,
@@ -92,7 +95,7 @@ impl Report {
         self.events
             .iter()
             .filter(|e| {
-                matches!(e, Event::Started { consumer, how: Takeover::HandedOff, .. } if consumer == "b")
+                matches!(e, (consumer, Event::Started { how: Takeover::HandedOff, .. }) if consumer == "b")
             })
             .count()
     }
@@ -101,7 +104,7 @@ impl Report {
     pub fn releases_by_a(&self) -> usize {
         self.events
             .iter()
-            .filter(|e| matches!(e, Event::Released { consumer, .. } if consumer == "a"))
+            .filter(|e| matches!(e, (consumer, Event::Released { .. }) if consumer == "a"))
             .count()
     }
 
@@ -112,12 +115,14 @@ impl Report {
         self.events
             .iter()
             .filter_map(|e| match e {
-                Event::Released {
+                (
                     consumer,
-                    drained,
-                    handed_back,
-                    ..
-                } if consumer == "a" => Some((*handed_back, usize::from(!drained))),
+                    Event::Released {
+                        drained,
+                        handed_back,
+                        ..
+                    },
+                ) if consumer == "a" => Some((*handed_back, usize::from(!drained))),
                 _ => None,
             })
             .fold((0, 0), |(h, f), (hb, forced)| (h + hb, f + forced))
@@ -129,12 +134,14 @@ impl Report {
         self.events
             .iter()
             .filter_map(|e| match e {
-                Event::Started {
+                (
                     consumer,
-                    how: Takeover::Vacant,
-                    claimed,
-                    ..
-                } if consumer == "a" => Some(*claimed),
+                    Event::Started {
+                        how: Takeover::Vacant,
+                        claimed,
+                        ..
+                    },
+                ) if consumer == "a" => Some(*claimed),
                 _ => None,
             })
             .fold((0, 0), |(n, c), claimed| {
@@ -165,16 +172,15 @@ pub fn run(s: &Scenario) -> Result<Report, Box<dyn Error>> {
         .build()?;
     let client = redis::Client::open(s.url.as_str())?;
     let mut conn = rt.block_on(client.get_multiplexed_async_connection())?;
-    rt.block_on(ledger::setup(&mut conn, s.partitions))?;
 
-    let events: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let events: Arc<Mutex<Vec<(String, Event)>>> = Arc::default();
     let verbose = s.verbose;
     let log = events.clone();
-    let sink: ledger::EventSink = Arc::new(move |e: Event| {
-        if verbose {
-            println!("  {:>6.2}s {e}", began.elapsed().as_secs_f64());
+    let sink: ledger::EventSink = Arc::new(move |node: &str, e: &Event| {
+        if verbose && !matches!(e, Event::Acquired { .. }) {
+            println!("  {:>6.2}s [{node}] {e}", began.elapsed().as_secs_f64());
         }
-        log.lock().unwrap().push(e);
+        log.lock().unwrap().push((node.to_string(), e.clone()));
     });
     let config = |name: &str| {
         let mut c = ConsumerConfig::new(s.url.clone(), name, s.partitions);
@@ -227,7 +233,7 @@ pub fn run(s: &Scenario) -> Result<Report, Box<dyn Error>> {
     });
 
     // 2. `a` alone.
-    let a = Consumer::start(config("a"), sink.clone())?;
+    let a = Node::start(config("a"), sink.clone())?;
     let quarter = s.records / 4;
     step("a applies a quarter", &mut || {
         Ok(applied(&mut conn)? >= quarter)
@@ -241,14 +247,14 @@ pub fn run(s: &Scenario) -> Result<Report, Box<dyn Error>> {
             applied(&mut conn)?
         );
     }
-    let b = Consumer::start(config("b"), sink.clone())?;
+    let b = Node::start(config("b"), sink.clone())?;
     let half = s.partitions / 2;
     let started_by_b = || {
         events
             .lock()
             .unwrap()
             .iter()
-            .filter(|e| matches!(e, Event::Started { consumer, .. } if consumer == "b"))
+            .filter(|e| matches!(e, (consumer, Event::Started { .. }) if consumer == "b"))
             .count()
     };
     step(
@@ -293,9 +299,7 @@ pub fn run(s: &Scenario) -> Result<Report, Box<dyn Error>> {
             && rt.block_on(ledger::pending(&mut conn, s.partitions))? == 0)
     })?;
     let stats_a = a.stats();
-    if !a.leave(s.step_timeout) {
-        return Err("a did not leave in time".into());
-    }
+    a.leave(s.step_timeout)?;
     let verification = rt.block_on(ledger::verify(&mut conn, s.partitions))?;
     let events = std::mem::take(&mut *events.lock().unwrap());
     Ok(Report {

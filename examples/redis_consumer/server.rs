@@ -140,6 +140,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// The server's process ID (to pause it with SIGSTOP, say).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
