@@ -236,6 +236,75 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         }
     }
 
+    /// Appends `values` (exactly `n` of them, with their stamps) in order,
+    /// as consecutive entries: one compare-exchange claims as many entries
+    /// as are left in the tail's block (up to `n`), so a batch pays one
+    /// claim a block, not one a value. The values of one call are
+    /// consecutive in the queue (no other producer's entry lands between
+    /// two of them within a block); the consumer may take the first ones
+    /// while the last are still being written (an unwritten entry stops
+    /// it, as for `push`).
+    pub(crate) fn push_many(
+        &self,
+        mut values: impl Iterator<Item = (T, crate::pool::metrics::Stamp)>,
+        mut n: usize,
+    ) {
+        let mut spare: Option<*mut Block<T, CAP>> = None;
+        let mut index = self.tail.index.load(Acquire);
+        while n > 0 {
+            let offset = index % Self::LAP;
+            if offset == CAP {
+                // Another producer is linking the next block.
+                spin_loop();
+                index = self.tail.index.load(Acquire);
+                continue;
+            }
+            let block = self.tail.block.load(Acquire);
+            let take = n.min(CAP - offset);
+            let last = offset + take == CAP;
+            if last && spare.is_none() {
+                spare = Some(self.new_block());
+            }
+            match self
+                .tail
+                .index
+                .compare_exchange_weak(index, index + take, SeqCst, Acquire)
+            {
+                Ok(_) => {
+                    if last {
+                        // We took the block's last entry: link the next one
+                        // before any of our entries becomes readable (see
+                        // `push_stamped`).
+                        let next = spare.take().expect("allocated above");
+                        self.tail.block.store(next, Release);
+                        // SAFETY: `block` is alive: its last entry (ours) is
+                        // not ready, so the consumer has not freed it.
+                        unsafe { (*block).next.store(next, Release) };
+                        self.tail.index.store(index + take + 1, Release);
+                    }
+                    for i in 0..take {
+                        let (value, stamp) = values.next().expect("`n` values");
+                        // SAFETY: we own these entries (claimed by the CAS);
+                        // the block is alive until the consumer has read them.
+                        unsafe {
+                            let entry = &(*block).entries[offset + i];
+                            entry.value.with_mut(|p| (*p).write(value));
+                            entry.stamp.with_mut(|p| *p = stamp);
+                            entry.ready.store(true, Release);
+                        }
+                    }
+                    n -= take;
+                    index = if last { index + take + 1 } else { index + take };
+                }
+                Err(actual) => index = actual,
+            }
+        }
+        if let Some(unused) = spare {
+            // Claimed elsewhere after all.
+            self.recycle(unused);
+        }
+    }
+
     /// Keeps `block` (no producer or consumer can reach it any more, and
     /// it holds no value) as the spare, or frees it if there is one
     /// already. The producer that takes it resets it (`new_block`).
@@ -447,6 +516,72 @@ mod tests {
         assert_eq!(rest, (100..105).collect::<Vec<_>>());
         // SAFETY: the only consumer.
         assert!(matches!(unsafe { q.pop_before(mark) }, Popped::Past));
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn push_many_appends_in_order_across_blocks() {
+        let q: Inbox<Box<usize>> = Inbox::new();
+        let stamp = crate::pool::metrics::Stamp::NONE;
+        q.push(Box::new(0));
+        // From offset 1: fills the rest of the first block, two whole
+        // blocks and part of a fourth.
+        let n = BLOCK_CAP * 3 + 3;
+        q.push_many((1..=n).map(|i| (Box::new(i), stamp)), n);
+        q.push(Box::new(n + 1));
+        assert_eq!(q.len(), n + 2);
+        for i in 0..=n + 1 {
+            // SAFETY: the only consumer.
+            assert_eq!(*unsafe { q.pop() }.unwrap(), i);
+        }
+        assert!(q.is_empty());
+        // Batches that end exactly at a block's end, then empty ones.
+        q.push_many((0..BLOCK_CAP).map(|i| (Box::new(i), stamp)), BLOCK_CAP);
+        q.push_many(std::iter::empty(), 0);
+        q.push_many((0..BLOCK_CAP).map(|i| (Box::new(i), stamp)), BLOCK_CAP);
+        for i in (0..BLOCK_CAP).chain(0..BLOCK_CAP) {
+            // SAFETY: the only consumer.
+            assert_eq!(*unsafe { q.pop() }.unwrap(), i);
+        }
+        drop(q);
+    }
+
+    #[test]
+    fn batches_and_single_pushes_of_many_producers_keep_each_ones_order() {
+        let q: Arc<Inbox<(u64, u64)>> = Arc::new(Inbox::new());
+        let stamp = crate::pool::metrics::Stamp::NONE;
+        let producers: Vec<_> = (0..4u64)
+            .map(|p| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    let mut i = 0u64;
+                    while i < 3_000 {
+                        let k = (i % 7 + 1).min(3_000 - i);
+                        if k == 1 {
+                            q.push((p, i));
+                        } else {
+                            q.push_many((i..i + k).map(|j| ((p, j), stamp)), k as usize);
+                        }
+                        i += k;
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0u64; 4];
+        let mut got = 0;
+        while got < 12_000 {
+            // SAFETY: the only consumer.
+            if let Some((p, i)) = unsafe { q.pop() } {
+                assert_eq!(i, next[p as usize], "producer {p}");
+                next[p as usize] += 1;
+                got += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        for t in producers {
+            t.join().unwrap();
+        }
         assert!(q.is_empty());
     }
 

@@ -59,13 +59,6 @@ where
 
 /// How many ports a dispatcher has on `workers` workers.
 pub(super) fn port_count(workers: usize) -> usize {
-    #[cfg(not(loom))]
-    if let Some(f) = std::env::var("KEYED_PORTS_PER_WORKER")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        return workers * f.max(1);
-    }
     workers
 }
 

@@ -118,10 +118,12 @@ where
     /// Accepts a batch of one source, every message holding its own unit,
     /// in order; returns the first of its consecutive positions. The keys'
     /// hashes are computed first (user code: a panic reaches the caller
-    /// before anything was accepted); positions are taken once, and each
-    /// port touched gets one fence and one schedule check for the whole
-    /// batch. If the dispatcher or the source is closed, every message is
-    /// handed back, in order.
+    /// before anything was accepted); positions are taken once; each port
+    /// touched gets its deliveries, in the batch's order, as one run of
+    /// consecutive inbox entries (one claim per inbox block,
+    /// `Inbox::push_many`), then one fence and one schedule check for the
+    /// whole batch. If the dispatcher or the source is closed, every
+    /// message is handed back, in order.
     pub(super) fn enqueue_batch(
         this: &Arc<Self>,
         batch: Batch<K, M, H::Output>,
@@ -142,22 +144,45 @@ where
             }
             return Err(batch);
         }
-        // Ports touched, in first-touch order.
-        let mut touched: Vec<usize> = Vec::new();
-        for (i, ((key, mut env), hash)) in batch.into_iter().zip(hashes).enumerate() {
-            let position = start + i as u64;
-            env.held.set_position(position);
-            let p = this.port_of(hash);
-            this.port(p).inbox.push_stamped(
-                Delivery { key, hash, env },
-                this.shared.metrics.stamp(position),
-            );
-            if !touched.contains(&p) {
-                touched.push(p);
+        // Each delivery's port, and the ports touched in first-touch order
+        // with how many deliveries each gets.
+        let ports: Vec<usize> = hashes.iter().map(|&h| this.port_of(h)).collect();
+        let mut touched: Vec<(usize, usize)> = Vec::new();
+        for &p in &ports {
+            match touched.iter_mut().find(|(q, _)| *q == p) {
+                Some((_, count)) => *count += 1,
+                None => touched.push((p, 1)),
+            }
+        }
+        let mut deliveries =
+            batch
+                .into_iter()
+                .zip(hashes)
+                .enumerate()
+                .map(|(i, ((key, mut env), hash))| {
+                    let position = start + i as u64;
+                    env.held.set_position(position);
+                    let stamp = this.shared.metrics.stamp(position);
+                    (Delivery { key, hash, env }, stamp)
+                });
+        if let [(p, _)] = touched[..] {
+            // One port: the batch goes in as it is.
+            this.port(p).inbox.push_many(&mut deliveries, n as usize);
+        } else {
+            let mut by_port: Vec<Vec<_>> = touched
+                .iter()
+                .map(|&(_, count)| Vec::with_capacity(count))
+                .collect();
+            for (d, p) in deliveries.zip(&ports) {
+                let at = touched.iter().position(|(q, _)| q == p).expect("touched");
+                by_port[at].push(d);
+            }
+            for (&(p, count), run) in touched.iter().zip(by_port) {
+                this.port(p).inbox.push_many(run.into_iter(), count);
             }
         }
         fence(SeqCst);
-        for p in touched {
+        for (p, _) in touched {
             let port = this.ports.made(p);
             if port.state.is_closed() {
                 // As in `enqueue`: a force stop may have emptied the inbox
