@@ -101,10 +101,12 @@
 //!   [`Dispatcher::shutdown`] and [`Dispatcher::shutdown_now`] do the same
 //!   for one component.
 //! - **What to commit.** Every accepted message gets a position (0, 1, 2, …
-//!   per receiver), returned by every submit and send;
-//!   [`Receiver::committable`] is how many leading positions all finished —
-//!   what a consumer commits when keys finish out of order. A message handed
-//!   back or cancelled is never passed (it will be delivered again).
+//!   per receiver), returned by every submit and send. A receiver built
+//!   with [`ReceiverBuilder::track_commits`] keeps a commit point:
+//!   [`Receiver::committable`] is `Some(n)`, `n` leading positions all
+//!   finished — what a consumer commits when keys finish out of order. A
+//!   message handed back or cancelled is never passed (it will be delivered
+//!   again). Without the setting it is `None`, never a silent 0.
 //! - **Batches.** [`Receiver::send_batch`] hands over one poll of records in
 //!   one call, paying credit, positions and wake-ups per batch.
 //! - **Sagas: handlers that send.** A handler may send to other keys of its
@@ -234,7 +236,7 @@
 //!     other => panic!("{other:?}"),
 //! }
 //! assert_eq!(after.wait()?, 7);
-//! assert_eq!(receiver.committable(), 3); // the partition moved on
+//! assert_eq!(receiver.committable(), Some(3)); // the partition moved on
 //! assert_eq!(*dead.lock().unwrap(), [(1, "garbage".to_owned())]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

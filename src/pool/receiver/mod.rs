@@ -103,8 +103,10 @@ pub(crate) trait WeakCore<K, M, O>: Send + Sync {
 ///
 /// **Positions.** Every message the receiver accepts gets the next
 /// *position* (0, 1, 2, … in acceptance order), returned by the `send`
-/// family and by [`Completion::position`]. [`committable`](Self::committable)
-/// says how many leading positions have all finished: what a consumer
+/// family and by [`Completion::position`]. A receiver built with
+/// [`ReceiverBuilder::track_commits`] also keeps a commit point:
+/// [`committable`](Self::committable) says how many leading positions
+/// have all finished (`None` without the setting): what a consumer
 /// commits (a Kafka offset, a stream ID) when keys finish out of order. See
 /// [`ReceiverBuilder::commit_span`] for the bound on unfinished positions.
 ///
@@ -201,10 +203,12 @@ impl<K, M, O> Receiver<K, M, O> {
     }
 
     /// The cap on positions between the commit point and the newest one
-    /// (see [`ReceiverBuilder::commit_span`]; it holds only while the
-    /// receiver [tracks commits](Self::tracks_commits)).
-    pub fn commit_span(&self) -> u64 {
-        self.source.source().span()
+    /// (see [`ReceiverBuilder::commit_span`]), or `None` if the receiver
+    /// does not [track commits](Self::tracks_commits): it then has no
+    /// commit point and no cap.
+    pub fn commit_span(&self) -> Option<u64> {
+        let source = self.source.source();
+        source.tracks_commits().then(|| source.span())
     }
 
     /// Whether the receiver keeps a commit point
@@ -226,12 +230,44 @@ impl<K, M, O> Receiver<K, M, O> {
     /// or cancelled is never passed: it and what follows are delivered
     /// again. One atomic load: call it as often as you like.
     ///
-    /// Only a receiver built with
-    /// [`track_commits(true)`](ReceiverBuilder::track_commits) (or a
-    /// [`commit_span`](ReceiverBuilder::commit_span)) keeps a commit point;
-    /// any other answers 0: nothing is known committed.
-    pub fn committable(&self) -> u64 {
-        self.source.source().committable()
+    /// `None` if the receiver does not keep a commit point: only one built
+    /// with [`track_commits(true)`](ReceiverBuilder::track_commits) (or a
+    /// [`commit_span`](ReceiverBuilder::commit_span)) does, and
+    /// [`Dispatcher::receiver`](crate::Dispatcher::receiver) makes one that
+    /// does not. A consumer that commits offsets must decide what `None`
+    /// means to it; a bare number would let one that forgot the setting
+    /// commit nothing, silently, and read its whole partition again after a
+    /// restart.
+    ///
+    /// ```
+    /// use keyed_executor::{handler, KeyedExecutor};
+    ///
+    /// let executor = KeyedExecutor::builder().workers(1).build()?;
+    /// let dispatcher = executor.dispatcher(handler::from_fn(|_: &u8, n: u32| n));
+    /// let partition = dispatcher.receiver_builder().track_commits(true).build()?;
+    /// partition.submit_blocking(1, 10)?.wait()?;
+    /// assert_eq!(partition.committable(), Some(1)); // commit offset 1
+    ///
+    /// // A receiver made without the setting has no commit point to give.
+    /// let untracked = dispatcher.receiver(16)?;
+    /// untracked.submit_blocking(1, 10)?.wait()?;
+    /// assert_eq!(untracked.committable(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// The answer is not a bare number, so that forgetting the setting
+    /// cannot go unnoticed:
+    ///
+    /// ```compile_fail,E0308
+    /// # use keyed_executor::{handler, KeyedExecutor};
+    /// # let executor = KeyedExecutor::builder().workers(1).build().unwrap();
+    /// # let dispatcher = executor.dispatcher(handler::from_fn(|_: &u8, n: u32| n));
+    /// let receiver = dispatcher.receiver(16).unwrap();
+    /// let offset: u64 = receiver.committable(); // error: expected `u64`, found `Option<u64>`
+    /// ```
+    pub fn committable(&self) -> Option<u64> {
+        let source = self.source.source();
+        source.tracks_commits().then(|| source.committable())
     }
 
     /// Whether this receiver refuses new messages: it was closed, or its
