@@ -41,9 +41,9 @@ pub(crate) type Batch<K, M, O> = Vec<(K, Envelope<M, O>)>;
 /// it needs from a dispatcher.)
 pub(crate) trait Core<K, M, O>: Send + Sync {
     /// Accepts `env` (its unit of credit taken) and returns its position,
-    /// or hands it back if the executor, the dispatcher or the source is
-    /// closed.
-    fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<u64, Envelope<M, O>>;
+    /// or hands it back with its key if the executor, the dispatcher or
+    /// the source is closed.
+    fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<u64, (K, Envelope<M, O>)>;
     /// Accepts a batch of one source in order (each message holding one of
     /// its own units) and returns its first position, or hands every
     /// message back, in order, if the executor, the dispatcher or the
@@ -185,7 +185,7 @@ impl<K, M, O> Receiver<K, M, O> {
 
     /// Counts a refused message (`Full` or `Closed`) and hands the error on.
     #[inline]
-    fn refused(&self, e: SubmitError<M>) -> SubmitError<M> {
+    fn refused<T>(&self, e: SubmitError<T>) -> SubmitError<T> {
         self.metrics.refused();
         e
     }
