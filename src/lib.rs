@@ -566,6 +566,8 @@ pub use pool::stats::{
 
 #[cfg(feature = "metrics")]
 pub use crate::pool::metrics::DEFAULT_METRICS_SAMPLING;
+#[cfg(feature = "sink")]
+pub use crate::pool::receiver::ReceiverSink;
 
 /// Internals that the loom models in `loom-tests/` check directly (built
 /// with `--cfg loom` only; not part of the API).

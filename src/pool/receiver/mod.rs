@@ -8,6 +8,7 @@
 //! | `builder.rs` | [`ReceiverBuilder`] and the commit span's defaults |
 //! | `admit.rs` | how a message gets its unit of credit and is accepted; sending from a handler |
 //! | `future.rs` | [`SubmitFuture`], [`SendFuture`], [`ShutdownFuture`] |
+//! | `sink.rs` | `ReceiverSink` (the `sink` feature): a receiver as a `futures::Sink`, credit reserved in `poll_ready` |
 //!
 //! What a receiver shares with its clones (credit, positions, stop flags,
 //! commit point) is a `Source` (`pool::source`); batched sends are in
@@ -28,10 +29,14 @@ use crate::sync::Arc;
 mod admit;
 mod builder;
 mod future;
+#[cfg(feature = "sink")]
+mod sink;
 
 pub(in crate::pool) use admit::{give_back, task_waiter, Refused, Unit};
 pub use builder::{ReceiverBuilder, DEFAULT_COMMIT_SPAN_FACTOR, MIN_DEFAULT_COMMIT_SPAN};
 pub use future::{SendFuture, ShutdownFuture, SubmitFuture};
+#[cfg(feature = "sink")]
+pub use sink::ReceiverSink;
 
 /// A chunk of a batch on its way in: keys and their envelopes, in order.
 pub(crate) type Batch<K, M, O> = Vec<(K, Envelope<M, O>)>;
