@@ -431,6 +431,36 @@
 //!   at a time *per key*, use a dispatcher whose handler is the future:
 //!   `handler::from_async_fn(|_key: K, job: BoxFuture<'static, T>| job)`.
 //!
+//! # Async pipelines (the `sink` feature)
+//!
+//! With the `sink` cargo feature, `Receiver::sink()` (a clone of the
+//! receiver inside) and `Receiver::into_sink()` give a `ReceiverSink`: a
+//! receiver as a `futures::Sink<(K, M)>`, for `stream.forward(sink)`,
+//! `SinkExt::send_all` and `SinkExt::send` — where a streaming client's
+//! records (rdkafka's `StreamConsumer::stream()`, a Redis stream read in a
+//! loop) meet a dispatcher.
+//!
+//! - Credit is the backpressure: `poll_ready` reserves one unit of
+//!   `max_in_flight` (waiting without holding a thread), and `start_send`
+//!   enqueues on it, never refusing for credit after `poll_ready` said
+//!   ready. A reserved unit counts as in flight and comes back when unused
+//!   (the sink's drop, `abort_send`, `poll_close`).
+//! - A stop of the receiver, its dispatcher or the executor wakes a
+//!   waiting `poll_ready`; `start_send` then hands the pair back as
+//!   [`SubmitError::Closed`]`((key, message))`, so `forward` ends with the
+//!   record it held. `poll_ready` itself never fails: an error there would
+//!   leave the item with the combinator, which drops it.
+//! - `poll_flush` is ready at once (every item is accepted inside
+//!   `start_send`); `poll_close` ends that sink, not the receiver, and
+//!   does not wait for the messages to finish (use
+//!   [`Receiver::shutdown_async`], or `submit` and the completions).
+//! - Fire-and-forget like [`Receiver::send`]; from a handler of the same
+//!   executor it never waits (as a submit from a handler never does).
+//!
+//! The `ReceiverSink` docs (built with the feature) have a runnable
+//! example; `examples/stream_pipeline.rs` feeds a `Stream` of records into
+//! a dispatcher and revokes it mid-stream.
+//!
 //! # Observability
 //!
 //! - [`KeyedExecutor::stats`] returns an [`ExecutorStats`] snapshot — live
@@ -521,6 +551,8 @@
 //!
 //! - `tracing`: the spans and events above (adds the `tracing` dependency).
 //! - `metrics`: the series above (adds the `metrics` facade, nothing else).
+//! - `sink`: `ReceiverSink`, a receiver as a `futures::Sink` (adds
+//!   `futures-sink`, the trait's own crate, without dependencies).
 //!
 //! [`Kernel`]: lanes::Kernel
 //! [`InFlightLimit`]: limit::InFlightLimit

@@ -98,6 +98,10 @@ pub(crate) trait WeakCore<K, M, O>: Send + Sync {
 /// | [`send`](Self::send) | blocks the thread | the position | waits |
 /// | [`try_send`](Self::try_send) | no | the position | `Full(msg)` |
 ///
+/// With the `sink` feature, `sink()` and `into_sink()` make it a
+/// `futures::Sink` of `(key, message)` pairs (`ReceiverSink`): credit is
+/// its backpressure, as for `send_async`.
+///
 /// All of them refuse with `Closed(msg)` once the receiver, its dispatcher or
 /// the executor is shutting down, handing the message back — a submitter
 /// already waiting for credit too, as soon as the stop begins (it never
