@@ -493,3 +493,37 @@ fn from_a_handler_the_sink_never_waits() {
     assert_eq!(receiver.accepted(), 2, "the root and its one follow-up");
     assert!(executor.shutdown(LONG));
 }
+
+/// A force stop waits for the source to drain, a reservation included: it
+/// returns once the sink, polled again, sees the stop and gives the unit
+/// back (as documented: hold a reservation briefly).
+#[test]
+fn shutdown_now_returns_once_a_reserving_sink_sees_the_stop() {
+    let executor = KeyedExecutor::builder().workers(1).build().unwrap();
+    let ended = Arc::new(AtomicUsize::new(0));
+    let receiver = holding(&executor, &ended).receiver(2).unwrap();
+    let mut sink = receiver.sink();
+    let (_wakes, waker) = counting_waker();
+    assert_eq!(poll_ready(&mut sink, &waker), Poll::Ready(()));
+    assert!(sink.is_reserved());
+    let stopper = {
+        let r = receiver.clone();
+        thread::spawn(move || r.shutdown_now())
+    };
+    eventually("the stop closed the receiver", || receiver.is_closed());
+    assert_eq!(receiver.in_flight(), 1, "the reservation is still out");
+    assert_eq!(poll_ready(&mut sink, &waker), Poll::Ready(()));
+    assert!(
+        !sink.is_reserved(),
+        "the sink saw the stop and gave it back"
+    );
+    stopper.join().unwrap();
+    assert_eq!(receiver.in_flight(), 0);
+    let (msg, _keep) = held(1);
+    match Pin::new(&mut sink).start_send((1, msg)) {
+        Err(SubmitError::Closed((1, msg))) => assert_eq!(msg.id, 1),
+        other => panic!("expected Closed((1, 1)), got {other:?}"),
+    }
+    assert_eq!(ended.load(SeqCst), 0);
+    assert!(executor.shutdown(LONG));
+}

@@ -31,10 +31,13 @@
 //!   wake it received, as every submitter does).
 //!
 //! So a reserved unit is counted like a message in flight: `max_in_flight`
-//! bounds messages and reservations together, and a graceful drain waits
-//! for a reservation as for a message — until its `start_send` (refused by
-//! the stop, which gives the unit back) or its drop. A combinator holds a
-//! reservation only between `poll_ready` and the `start_send` right after.
+//! bounds messages and reservations together, and a stop that waits for
+//! the source to drain (graceful, or `shutdown_now`) waits for a
+//! reservation as for a message — until the sink's next `poll_ready` or
+//! `start_send` (which give it back, the receiver being closed), or its
+//! drop. A combinator holds a reservation only between `poll_ready` and
+//! the `start_send` right after; a stop never waits for a *waiting* sink,
+//! which holds no unit (it is woken and leaves, as every submitter does).
 //!
 //! **From a handler** of the receiver's own executor (a handler's future
 //! forwarding a stream), `poll_ready` never waits and reserves nothing:
@@ -76,6 +79,15 @@ enum State {
 ///   counts like a message in flight, so `max_in_flight` stays a hard
 ///   bound; dropping the sink (or [`abort_send`](Self::abort_send)) gives
 ///   an unused reservation back.
+/// - **Hold a reservation briefly.** The combinators (`forward`,
+///   `send_all`, `send`, `feed`) call `start_send` right after `poll_ready`
+///   said ready. Code that calls `poll_ready` by hand and then awaits
+///   something else keeps a unit out meanwhile: other submitters find one
+///   unit less, and a stop that waits for the receiver to drain — a
+///   graceful `shutdown`, and also `shutdown_now`, which returns only once
+///   nothing of the source runs — waits for the reservation too, until the
+///   sink's next `poll_ready` or `start_send` (which give it back once the
+///   receiver is closed), its `abort_send`, or its drop.
 /// - **Stops hand the item back.** Once the receiver, its dispatcher or
 ///   the executor stops taking messages, a waiting `poll_ready` is woken at
 ///   once and says ready, and `start_send` refuses the item with
