@@ -300,7 +300,7 @@ fn consume(
             }
             hand_off = Some(HandOff {
                 drained,
-                committable: receiver.committable(),
+                committable: receiver.committable().expect("the receiver tracks commits"),
                 accepted: receiver.accepted(),
             });
             break;

@@ -326,7 +326,7 @@ fn commit_point_moves_past_dead_letters() {
             (_, other) => panic!("{n}: {other:?}"),
         }
     }
-    assert_eq!(receiver.committable(), 40);
+    assert_eq!(receiver.committable(), Some(40));
     assert_eq!(receiver.accepted(), 40);
     let stats = executor.stats();
     assert_eq!(stats.dead_lettered, 16, "8 poison, 8 fatal");

@@ -168,7 +168,7 @@ fn a_closed_source_refuses_its_late_messages_while_another_on_the_same_keys_runs
     assert_eq!(second.wait().unwrap(), 1);
     assert!(a.shutdown(LONG), "A drained");
     assert_eq!(a.accepted(), 2, "refused messages take no position");
-    assert_eq!(a.committable(), 2);
+    assert_eq!(a.committable(), Some(2));
     for (key, ids) in order_of(&starts, 1) {
         let mut sorted = ids.clone();
         sorted.sort_unstable();
@@ -221,7 +221,7 @@ fn draining_one_source_waits_for_its_suspended_futures_only() {
         assert_eq!(c.wait().unwrap(), i as u32);
     }
     assert!(futures::executor::block_on(a.shutdown_async(LONG)));
-    assert_eq!(a.committable(), 3);
+    assert_eq!(a.committable(), Some(3));
     // B still suspended, and still taking messages.
     assert!(!b_slow.is_finished());
     assert_eq!(
@@ -349,7 +349,7 @@ fn shutdown_now_of_one_source_hands_back_only_its_own_messages_on_shared_keys_an
     }
     assert_eq!(
         a.committable(),
-        0,
+        Some(0),
         "position 0 was cancelled: never committed"
     );
     assert_eq!(a.accepted(), 21);
@@ -375,21 +375,21 @@ fn the_commit_point_follows_out_of_order_finishes_panics_and_stops_at_a_hand_bac
         events.push(Some(tx));
         done.push(r.submit_blocking(i, job(0, i, Kind::Await(rx))).unwrap());
     }
-    assert_eq!(r.committable(), 0);
+    assert_eq!(r.committable(), Some(0));
     // Finish 3, 1, 2: nothing is committable while 0 runs.
     for i in [3, 1, 2] {
         events[i].take().unwrap().send(()).unwrap();
         eventually("finished", || done[i].is_finished());
-        assert_eq!(r.committable(), 0, "after {i} finished");
+        assert_eq!(r.committable(), Some(0), "after {i} finished");
     }
     events[0].take().unwrap().send(()).unwrap();
     eventually("0 finished", || done[0].is_finished());
-    assert_eq!(r.committable(), 4);
+    assert_eq!(r.committable(), Some(4));
     // A panic is finished too: the commit point passes it.
     let p = r.submit_blocking(7, job(0, 4, Kind::Panic)).unwrap();
     assert_eq!(p.position(), 4);
     assert!(p.wait().unwrap_err().is_panic());
-    assert_eq!(r.committable(), 5);
+    assert_eq!(r.committable(), Some(5));
     // Position 5 runs long on key 9; 6 queues behind it and is handed back
     // by the stop; 7 (another key) finishes first.
     let gate = Gate::new();
@@ -403,16 +403,61 @@ fn the_commit_point_follows_out_of_order_finishes_panics_and_stops_at_a_hand_bac
     let r2 = r.clone();
     let stopper = thread::spawn(move || r2.shutdown_now());
     assert_eq!(rejected_id(queued.wait()), 6);
-    assert_eq!(r.committable(), 5, "5 still runs");
+    assert_eq!(r.committable(), Some(5), "5 still runs");
     gate.open();
     stopper.join().unwrap();
     assert_eq!(long.wait().unwrap(), 5);
     assert_eq!(
         r.committable(),
-        6,
+        Some(6),
         "never past the handed-back 6, though 7 finished"
     );
     assert_eq!(r.accepted(), 8);
+    assert!(executor.shutdown(LONG));
+}
+
+/// A receiver made without `track_commits` has no commit point, and says
+/// so: `committable()` is `None` before and after its messages finished,
+/// never a 0 that a consumer would commit (and, after a restart, read its
+/// whole partition again). The same messages through a tracked receiver
+/// give `Some` of how many finished.
+#[test]
+fn a_receiver_without_commit_tracking_answers_none_never_a_silent_zero() {
+    let executor = KeyedExecutor::builder().workers(2).build().unwrap();
+    let starts = Starts::default();
+    let d = dispatcher(&executor, &starts);
+    let untracked = d.receiver(8).unwrap();
+    let tracked = d
+        .receiver_builder()
+        .max_in_flight(8)
+        .track_commits(true)
+        .build()
+        .unwrap();
+    assert!(!untracked.tracks_commits() && tracked.tracks_commits());
+    assert_eq!(untracked.committable(), None);
+    assert_eq!(tracked.committable(), Some(0));
+    for i in 0..5u32 {
+        for r in [&untracked, &tracked] {
+            assert_eq!(
+                r.submit_blocking(i, job(0, i, Kind::Plain))
+                    .unwrap()
+                    .wait()
+                    .unwrap(),
+                i
+            );
+        }
+    }
+    assert_eq!(
+        untracked.accepted(),
+        5,
+        "positions are given out either way"
+    );
+    assert_eq!(untracked.committable(), None, "still no commit point");
+    assert_eq!(tracked.committable(), Some(5));
+    assert_eq!(
+        (untracked.commit_span(), tracked.commit_span().is_some()),
+        (None, true)
+    );
     assert!(executor.shutdown(LONG));
 }
 
@@ -427,7 +472,7 @@ fn at_the_commit_span_submitters_wait_until_the_commit_point_moves() {
         .commit_span(4)
         .build()
         .unwrap();
-    assert_eq!((r.max_in_flight(), r.commit_span()), (2, 4));
+    assert_eq!((r.max_in_flight(), r.commit_span()), (2, Some(4)));
     let (tx, rx) = oneshot::channel();
     let slow = r.submit_blocking(0, job(0, 0, Kind::Await(rx))).unwrap();
     for i in 1..4u32 {
@@ -459,7 +504,7 @@ fn at_the_commit_span_submitters_wait_until_the_commit_point_moves() {
         "accepted once 0 finished, at position 4"
     );
     assert!(r.shutdown(LONG));
-    assert_eq!(r.committable(), 5);
+    assert_eq!(r.committable(), Some(5));
     assert!(executor.shutdown(LONG));
 }
 
@@ -591,8 +636,15 @@ fn receiver_settings_are_validated_and_stops_are_idempotent() {
         d.receiver_builder().max_in_flight(usize::MAX).build(),
         Err(ConfigError::MaxInFlightTooLarge { .. })
     ));
+    let tracked: Receiver<u32, Job, u32> = d
+        .receiver_builder()
+        .max_in_flight(4)
+        .track_commits(true)
+        .build()
+        .unwrap();
+    assert!(tracked.commit_span() >= Some(keyed_executor::MIN_DEFAULT_COMMIT_SPAN as u64));
     let r: Receiver<u32, Job, u32> = d.receiver(4).unwrap();
-    assert!(r.commit_span() >= keyed_executor::MIN_DEFAULT_COMMIT_SPAN as u64);
+    assert_eq!(r.commit_span(), None, "no commit point, no cap");
     assert!(r.shutdown(Duration::ZERO), "nothing accepted: drained");
     r.shutdown_now();
     r.shutdown_now();

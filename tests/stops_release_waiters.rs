@@ -8,7 +8,8 @@
 //! message that does not end by itself — a future suspended on an event,
 //! or, for the force stops, a step blocked on a gate (a force stop cancels
 //! a suspended future, which would give its unit back) — and blocks a
-//! submitter behind it in one of the six waiting forms. Then the stop
+//! submitter behind it in one of the six waiting forms (seven with the
+//! `sink` feature: `ReceiverSink`'s `poll_ready`). Then the stop
 //! comes, and the submitter must come back before that message is
 //! released. The timeouts below only keep a failing test from hanging;
 //! nothing asserts on how fast anything is.
@@ -52,15 +53,21 @@ enum Form {
     SendAsync,
     SendBatch,
     SendBatchAsync,
+    /// `SinkExt::send` on a `ReceiverSink` (the `sink` feature): its
+    /// `poll_ready` waits for credit.
+    #[cfg(feature = "sink")]
+    Sink,
 }
 
-const FORMS: [Form; 6] = [
+const FORMS: &[Form] = &[
     Form::Send,
     Form::SubmitBlocking,
     Form::SubmitAwait,
     Form::SendAsync,
     Form::SendBatch,
     Form::SendBatchAsync,
+    #[cfg(feature = "sink")]
+    Form::Sink,
 ];
 
 impl Form {
@@ -210,6 +217,16 @@ fn waiter(form: Form, r: Rx, mut msgs: Vec<(u32, Msg)>) -> mpsc::Receiver<Got> {
                 Form::Send => r.send(key, msg).map(drop),
                 Form::SubmitBlocking => r.submit_blocking(key, msg).map(drop),
                 Form::SubmitAwait => block_on(r.submit(key, msg)).map(drop),
+                #[cfg(feature = "sink")]
+                Form::Sink => {
+                    use futures::SinkExt;
+                    // The sink hands back the pair; the case checks the
+                    // message.
+                    block_on(r.sink().send((key, msg))).map_err(|e| match e {
+                        SubmitError::Full((_, m)) => SubmitError::Full(m),
+                        SubmitError::Closed((_, m)) => SubmitError::Closed(m),
+                    })
+                }
                 _ => block_on(r.send_async(key, msg)).map(drop),
             })
         };

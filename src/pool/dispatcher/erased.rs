@@ -180,7 +180,11 @@ where
     S: PoolHasher,
 {
     #[inline]
-    fn enqueue(&self, key: K, env: Envelope<M, H::Output>) -> Result<u64, Envelope<M, H::Output>> {
+    fn enqueue(
+        &self,
+        key: K,
+        env: Envelope<M, H::Output>,
+    ) -> Result<u64, (K, Envelope<M, H::Output>)> {
         DispatcherInner::enqueue(&self.0, key, env)
     }
 

@@ -22,8 +22,9 @@ where
     H: Handler<K, M>,
     S: PoolHasher,
 {
-    /// Accepts `env` for `key` and returns its position, or hands it back
-    /// if the executor, the dispatcher or the message's source is closed.
+    /// Accepts `env` for `key` and returns its position, or hands both
+    /// back if the executor, the dispatcher or the message's source is
+    /// closed.
     /// The message's credit unit is already taken.
     ///
     /// The position is taken *before* the last look at the stop flags
@@ -35,20 +36,20 @@ where
         this: &Arc<Self>,
         key: K,
         mut env: Envelope<M, H::Output>,
-    ) -> Result<u64, Envelope<M, H::Output>> {
+    ) -> Result<u64, (K, Envelope<M, H::Output>)> {
         // The key's `Hash` is user code: a panic here reaches the submitter
         // (whose credit unit is given back by the receiver).
         let hash = this.hasher.hash_one(&key);
         let source_ref = env.held.source;
         let source = source_ref.get();
         if source.is_closed() || this.refuses() {
-            return Err(env);
+            return Err((key, env));
         }
         let position = source.take_position();
         env.held.set_position(position);
         if source.is_closed() || this.refuses() {
             source.record(position, Ended::Returned);
-            return Err(env);
+            return Err((key, env));
         }
         let p = this.port_of(hash);
         let port = this.port(p);

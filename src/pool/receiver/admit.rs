@@ -120,6 +120,20 @@ impl<K, M, O> Receiver<K, M, O> {
     /// Enqueues a message holding `unit`. Returns its position and, if
     /// `reply`, the record its completion reads.
     pub(super) fn enqueue(&self, key: K, message: M, reply: bool, unit: Unit) -> Accepted<O, M> {
+        self.accept(key, message, reply, unit)
+            .map_err(|(_, message)| self.refused(SubmitError::Closed(message)))
+    }
+
+    /// [`enqueue`](Self::enqueue), handing a refused message back with its
+    /// key (a stop raced the submission: its unit is given back). The
+    /// caller counts the refusal.
+    pub(super) fn accept(
+        &self,
+        key: K,
+        message: M,
+        reply: bool,
+        unit: Unit,
+    ) -> Result<Taken<O, M>, (K, M)> {
         /// Gives the unit back if the key's `Hash` panics in `enqueue`.
         struct Unwind<'a> {
             source: &'a SourceHandle,
@@ -157,9 +171,9 @@ impl<K, M, O> Receiver<K, M, O> {
         std::mem::forget(unwind);
         match res {
             Ok(position) => Ok((position, reply)),
-            Err(env) => {
+            Err((key, env)) => {
                 give_back(me, unit);
-                Err(self.refused(SubmitError::Closed(env.msg)))
+                Err((key, env.msg))
             }
         }
     }
@@ -196,5 +210,9 @@ impl Refused {
     }
 }
 
+/// An accepted message's position and, if a reply was asked for, the
+/// record its completion reads.
+pub(super) type Taken<O, M> = (u64, Option<Arc<Reply<O, M>>>);
+
 /// A message's position and, if a reply was asked for, its completion.
-pub(super) type Accepted<O, M> = Result<(u64, Option<Arc<Reply<O, M>>>), SubmitError<M>>;
+pub(super) type Accepted<O, M> = Result<Taken<O, M>, SubmitError<M>>;

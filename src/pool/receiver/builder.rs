@@ -41,7 +41,7 @@ pub const MIN_DEFAULT_COMMIT_SPAN: usize = 4;
 ///     .max_in_flight(64)
 ///     .commit_span(1024)
 ///     .build()?;
-/// assert_eq!(partition.commit_span(), 1024);
+/// assert_eq!(partition.commit_span(), Some(1024));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "a builder does nothing until `build()` is called"]
@@ -76,7 +76,7 @@ impl<K, M, O> ReceiverBuilder<K, M, O> {
     /// how many leading positions all finished — what a partitioned
     /// consumer commits (a Kafka offset, a stream ID). Default `false`: a
     /// receiver that does not track commits pays nothing per message for
-    /// it (its `committable()` is 0), which is what a source without
+    /// it (its `committable()` is `None`), which is what a source without
     /// offsets wants. Positions are given out either way.
     ///
     /// Cost when on: a short lock per finished message, and one bit per

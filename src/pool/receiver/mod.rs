@@ -8,6 +8,7 @@
 //! | `builder.rs` | [`ReceiverBuilder`] and the commit span's defaults |
 //! | `admit.rs` | how a message gets its unit of credit and is accepted; sending from a handler |
 //! | `future.rs` | [`SubmitFuture`], [`SendFuture`], [`ShutdownFuture`] |
+//! | `sink.rs` | `ReceiverSink` (the `sink` feature): a receiver as a `futures::Sink`, credit reserved in `poll_ready` |
 //!
 //! What a receiver shares with its clones (credit, positions, stop flags,
 //! commit point) is a `Source` (`pool::source`); batched sends are in
@@ -28,10 +29,14 @@ use crate::sync::Arc;
 mod admit;
 mod builder;
 mod future;
+#[cfg(feature = "sink")]
+mod sink;
 
 pub(in crate::pool) use admit::{give_back, task_waiter, Refused, Unit};
 pub use builder::{ReceiverBuilder, DEFAULT_COMMIT_SPAN_FACTOR, MIN_DEFAULT_COMMIT_SPAN};
 pub use future::{SendFuture, ShutdownFuture, SubmitFuture};
+#[cfg(feature = "sink")]
+pub use sink::ReceiverSink;
 
 /// A chunk of a batch on its way in: keys and their envelopes, in order.
 pub(crate) type Batch<K, M, O> = Vec<(K, Envelope<M, O>)>;
@@ -41,9 +46,9 @@ pub(crate) type Batch<K, M, O> = Vec<(K, Envelope<M, O>)>;
 /// it needs from a dispatcher.)
 pub(crate) trait Core<K, M, O>: Send + Sync {
     /// Accepts `env` (its unit of credit taken) and returns its position,
-    /// or hands it back if the executor, the dispatcher or the source is
-    /// closed.
-    fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<u64, Envelope<M, O>>;
+    /// or hands it back with its key if the executor, the dispatcher or
+    /// the source is closed.
+    fn enqueue(&self, key: K, env: Envelope<M, O>) -> Result<u64, (K, Envelope<M, O>)>;
     /// Accepts a batch of one source in order (each message holding one of
     /// its own units) and returns its first position, or hands every
     /// message back, in order, if the executor, the dispatcher or the
@@ -93,6 +98,10 @@ pub(crate) trait WeakCore<K, M, O>: Send + Sync {
 /// | [`send`](Self::send) | blocks the thread | the position | waits |
 /// | [`try_send`](Self::try_send) | no | the position | `Full(msg)` |
 ///
+/// With the `sink` feature, `sink()` and `into_sink()` make it a
+/// `futures::Sink` of `(key, message)` pairs (`ReceiverSink`): credit is
+/// its backpressure, as for `send_async`.
+///
 /// All of them refuse with `Closed(msg)` once the receiver, its dispatcher or
 /// the executor is shutting down, handing the message back — a submitter
 /// already waiting for credit too, as soon as the stop begins (it never
@@ -103,8 +112,10 @@ pub(crate) trait WeakCore<K, M, O>: Send + Sync {
 ///
 /// **Positions.** Every message the receiver accepts gets the next
 /// *position* (0, 1, 2, … in acceptance order), returned by the `send`
-/// family and by [`Completion::position`]. [`committable`](Self::committable)
-/// says how many leading positions have all finished: what a consumer
+/// family and by [`Completion::position`]. A receiver built with
+/// [`ReceiverBuilder::track_commits`] also keeps a commit point:
+/// [`committable`](Self::committable) says how many leading positions
+/// have all finished (`None` without the setting): what a consumer
 /// commits (a Kafka offset, a stream ID) when keys finish out of order. See
 /// [`ReceiverBuilder::commit_span`] for the bound on unfinished positions.
 ///
@@ -183,7 +194,7 @@ impl<K, M, O> Receiver<K, M, O> {
 
     /// Counts a refused message (`Full` or `Closed`) and hands the error on.
     #[inline]
-    fn refused(&self, e: SubmitError<M>) -> SubmitError<M> {
+    fn refused<T>(&self, e: SubmitError<T>) -> SubmitError<T> {
         self.metrics.refused();
         e
     }
@@ -201,10 +212,12 @@ impl<K, M, O> Receiver<K, M, O> {
     }
 
     /// The cap on positions between the commit point and the newest one
-    /// (see [`ReceiverBuilder::commit_span`]; it holds only while the
-    /// receiver [tracks commits](Self::tracks_commits)).
-    pub fn commit_span(&self) -> u64 {
-        self.source.source().span()
+    /// (see [`ReceiverBuilder::commit_span`]), or `None` if the receiver
+    /// does not [track commits](Self::tracks_commits): it then has no
+    /// commit point and no cap.
+    pub fn commit_span(&self) -> Option<u64> {
+        let source = self.source.source();
+        source.tracks_commits().then(|| source.span())
     }
 
     /// Whether the receiver keeps a commit point
@@ -226,12 +239,44 @@ impl<K, M, O> Receiver<K, M, O> {
     /// or cancelled is never passed: it and what follows are delivered
     /// again. One atomic load: call it as often as you like.
     ///
-    /// Only a receiver built with
-    /// [`track_commits(true)`](ReceiverBuilder::track_commits) (or a
-    /// [`commit_span`](ReceiverBuilder::commit_span)) keeps a commit point;
-    /// any other answers 0: nothing is known committed.
-    pub fn committable(&self) -> u64 {
-        self.source.source().committable()
+    /// `None` if the receiver does not keep a commit point: only one built
+    /// with [`track_commits(true)`](ReceiverBuilder::track_commits) (or a
+    /// [`commit_span`](ReceiverBuilder::commit_span)) does, and
+    /// [`Dispatcher::receiver`](crate::Dispatcher::receiver) makes one that
+    /// does not. A consumer that commits offsets must decide what `None`
+    /// means to it; a bare number would let one that forgot the setting
+    /// commit nothing, silently, and read its whole partition again after a
+    /// restart.
+    ///
+    /// ```
+    /// use keyed_executor::{handler, KeyedExecutor};
+    ///
+    /// let executor = KeyedExecutor::builder().workers(1).build()?;
+    /// let dispatcher = executor.dispatcher(handler::from_fn(|_: &u8, n: u32| n));
+    /// let partition = dispatcher.receiver_builder().track_commits(true).build()?;
+    /// partition.submit_blocking(1, 10)?.wait()?;
+    /// assert_eq!(partition.committable(), Some(1)); // commit offset 1
+    ///
+    /// // A receiver made without the setting has no commit point to give.
+    /// let untracked = dispatcher.receiver(16)?;
+    /// untracked.submit_blocking(1, 10)?.wait()?;
+    /// assert_eq!(untracked.committable(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// The answer is not a bare number, so that forgetting the setting
+    /// cannot go unnoticed:
+    ///
+    /// ```compile_fail,E0308
+    /// # use keyed_executor::{handler, KeyedExecutor};
+    /// # let executor = KeyedExecutor::builder().workers(1).build().unwrap();
+    /// # let dispatcher = executor.dispatcher(handler::from_fn(|_: &u8, n: u32| n));
+    /// let receiver = dispatcher.receiver(16).unwrap();
+    /// let offset: u64 = receiver.committable(); // error: expected `u64`, found `Option<u64>`
+    /// ```
+    pub fn committable(&self) -> Option<u64> {
+        let source = self.source.source();
+        source.tracks_commits().then(|| source.committable())
     }
 
     /// Whether this receiver refuses new messages: it was closed, or its
