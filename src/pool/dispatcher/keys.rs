@@ -116,6 +116,29 @@ impl<K> Hash for dyn KeyProbe<K> + '_ {
 /// mailboxes (see `drained`), and beyond that a released one is freed.
 pub(super) const SPARES: usize = 32;
 
+/// Below this many entries a port's map and its spares' list keep
+/// whatever capacity they grew to.
+const SHRINK_FLOOR: usize = 1024;
+
+/// Memory follows the live keys: once a burst of keys has drained, a
+/// port's map and its list of spares (neither of which shrinks by itself)
+/// go back to about twice what they hold, as soon as they hold less than
+/// an eighth of their capacity. A shrink moves what is left, so it is paid
+/// once per burst, not per key.
+fn shrink_after_burst<A, B>(
+    active: &mut HashMap<A, B, impl std::hash::BuildHasher>,
+    spares: &mut Vec<impl Sized>,
+) where
+    A: Hash + Eq,
+{
+    if active.capacity() > SHRINK_FLOOR && active.len() < active.capacity() / 8 {
+        active.shrink_to(active.len() * 2);
+    }
+    if spares.capacity() > SHRINK_FLOOR && spares.len() < spares.capacity() / 8 {
+        spares.shrink_to(spares.len() * 2);
+    }
+}
+
 /// The outcome of looking a delivery's key up in a port's map.
 pub(super) enum Lookup<K, M, H: Handler<K, M>, S> {
     /// The key has a mailbox (in the map); the key is handed back too.
@@ -270,6 +293,10 @@ where
         } else {
             Vec::new()
         };
+        {
+            let gate = &mut *gate;
+            shrink_after_burst(&mut gate.active, &mut gate.spares);
+        }
         drop(gate);
         drop(excess);
         // The key's `Drop` is user code, out of the gate.
