@@ -119,7 +119,7 @@ impl Hasher for Low {
 
 /// Every key in one port (a hasher that sends them all there): the port
 /// runs one turn at a time, on one worker, yet the other worker takes
-/// shares of its backlog (its keys then run in mailboxes on that worker),
+/// slices of its backlog (its keys then run in mailboxes on that worker),
 /// so both run a fair part of it.
 #[test]
 fn the_backlog_of_one_port_is_shared() {

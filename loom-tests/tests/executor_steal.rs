@@ -72,18 +72,18 @@ fn steal_turn_vs_submit() {
     });
 }
 
-/// Share vs. the lent key: message 1 of key 0 blocks the worker running
+/// A slice vs. the lent key: message 1 of key 0 blocks the worker running
 /// its port's turn (lent the loaner); then key 1's message 2, key 0's
 /// message 3 and key 1's message 4 wait in that port's inbox. The idle
-/// worker takes shares of the backlog (`dispatcher/share.rs`): 2 into a
+/// worker takes slices of the backlog (`dispatcher/slice.rs`): 2 into a
 /// new mailbox of key 1, queued on itself; 3, the lent key's, into the
 /// gate's `deferred`, behind 1; then (or, in other interleavings, instead)
 /// the rest of the turn from the stuck step. 2 and 4 run, in order, while 1
 /// still blocks; 3 runs after 1. Per-key order, one at a time, nothing
 /// lost. At most one preemption, as the other models of watchers.
 #[test]
-fn share_vs_lent_key() {
-    model_bounded("share_vs_lent_key", Some(1), || {
+fn slice_vs_lent_key() {
+    model_bounded("slice_vs_lent_key", Some(1), || {
         let log = Log::new();
         let ex = watching(2, 16);
         let (d, r) = scripted_receiver(&ex, &log, 4);

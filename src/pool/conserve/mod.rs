@@ -32,10 +32,10 @@
 //!   waits behind a stuck step (one task behind a step that makes progress
 //!   is the next it runs — typically a handler's message to another key —
 //!   and moving it would split keys that message each other); else a
-//!   *share* of the backlog of a port whose turn it runs: up to half of
+//!   *slice* of the backlog of a port whose turn it runs: up to half of
 //!   the deliveries waiting in that port's inbox, each into its key's
 //!   mailbox, a new one queued on the thief for a key without one
-//!   (`dispatcher/share.rs`); else, behind a stuck step, the rest of that
+//!   (`dispatcher/slice.rs`); else, behind a stuck step, the rest of that
 //!   port's turn ("Stealing a turn" in `dispatcher/port.rs`). What is
 //!   stolen runs on the thief, which becomes its home. The running step
 //!   never moves.
@@ -70,7 +70,7 @@
 //! # The parker's side
 //!
 //! 1. Out of work: count itself idle (`Shared::idle`), then a SeqCst fence.
-//! 2. Steal once (a task, a share, a stuck turn: see *steal*); if it
+//! 2. Steal once (a task, a slice, a stuck turn: see *steal*); if it
 //!    did, run it and go to 1.
 //! 3. Spin or yield as `spin` says (`worker/run.rs`); then park:
 //! 4. Count itself a sleeper (`Shared::count_sleeper`), then a SeqCst
@@ -92,7 +92,7 @@
 //! what it can. The loom models are `loom-tests/tests/executor_steal.rs`
 //! (under loom every running worker is stuck at the first watch, so steals
 //! happen wherever they can; `watch_vs_park` and `steal_turn_vs_submit`
-//! fail with the pusher's call removed; `share_vs_lent_key` takes shares);
+//! fail with the pusher's call removed; `slice_vs_lent_key` takes slices);
 //! `tests/work_conservation.rs` and `tests/balance.rs` are the public-API
 //! side.
 //!
@@ -102,7 +102,7 @@
 //! steal takes waiting (`Shared::work_beside`); if so, the park is counted
 //! in `WorkerStats::parked_beside_work`, with its length in
 //! `idle_beside_work`. With work conservation on these are the moments a
-//! share came too late or nothing could be taken; with it off, the whole
+//! slice came too late or nothing could be taken; with it off, the whole
 //! imbalance.
 //!
 //! A call already pending is not repeated, nor one for the same stuck step

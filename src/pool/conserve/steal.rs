@@ -32,13 +32,13 @@ impl Shared {
 }
 
 impl Shared {
-    /// `cx` (idle) takes a share of the backlog of a port whose turn runs
-    /// on another worker, in any dispatcher (see `dispatcher/share.rs`).
+    /// `cx` (idle) takes a slice of the backlog of a port whose turn runs
+    /// on another worker, in any dispatcher (see `dispatcher/slice.rs`).
     #[cold]
-    pub(crate) fn steal_share(&self, cx: &WorkerCx<'_>) -> bool {
-        // Out of the registry's lock: a share takes ports' gates.
+    pub(crate) fn steal_slice(&self, cx: &WorkerCx<'_>) -> bool {
+        // Out of the registry's lock: a slice takes ports' gates.
         let targets = self.targets();
-        targets.iter().any(|t| t.steal_share(cx))
+        targets.iter().any(|t| t.steal_slice(cx))
     }
 }
 
@@ -75,13 +75,13 @@ impl WorkerCx<'_> {
                 }
             }
             // Nothing queued, but maybe a port's turn under way: its
-            // deliveries wait behind its step. Take a share of them; else,
+            // deliveries wait behind its step. Take a slice of them; else,
             // from a stuck step, the rest of the turn (which makes the
             // running message's key a mailbox).
             if other.local_len.load(Relaxed) == 0 {
                 continue;
             }
-            if self.shared.steal_share(self) {
+            if self.shared.steal_slice(self) {
                 self.me().counters.stolen.fetch_add(1, Relaxed);
                 return true;
             }

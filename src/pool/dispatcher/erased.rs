@@ -64,9 +64,9 @@ pub(crate) trait StopTarget: Send + Sync + 'static {
     /// A steal of the turn of a port whose worker `stuck` runs its turn with
     /// deliveries waiting (see "Stealing a turn" in `port.rs`).
     fn steal_turn(&self, stuck: usize) -> Option<Task>;
-    /// Worker `cx` (idle) takes a share of the backlog of a port whose
-    /// turn runs on another worker (see `share.rs`); true if it did.
-    fn steal_share(&self, cx: &WorkerCx<'_>) -> bool;
+    /// Worker `cx` (idle) takes a slice of the backlog of a port whose
+    /// turn runs on another worker (see `slice.rs`); true if it did.
+    fn steal_slice(&self, cx: &WorkerCx<'_>) -> bool;
     /// Whether one of its ports is queued or running (SeqCst loads; see
     /// "Why no wake-up is lost" in `conserve/mod.rs`).
     fn any_port_busy(&self) -> bool;
@@ -106,7 +106,7 @@ where
         self.0.ports.iter().any(|(_, port)| {
             port.state.is_running()
                 && port.home() != me
-                && port.inbox.len() >= super::share::SHARE_MIN
+                && port.inbox.len() >= super::slice::SLICE_MIN
         })
     }
 
@@ -131,8 +131,8 @@ where
         Some(Task::tagged(self.0.clone(), p | STEAL_TAG))
     }
 
-    fn steal_share(&self, cx: &WorkerCx<'_>) -> bool {
-        DispatcherInner::steal_share(&self.0, cx)
+    fn steal_slice(&self, cx: &WorkerCx<'_>) -> bool {
+        DispatcherInner::steal_slice(&self.0, cx)
     }
 
     fn any_port_busy(&self) -> bool {

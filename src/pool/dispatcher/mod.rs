@@ -20,7 +20,7 @@
 //! - `submit.rs`: a message (or a batch) into its port's inbox.
 //! - `port.rs`: a port, its gate, and its state word (`PortState`).
 //! - `turn.rs`: the port's turn, and its fairness bound.
-//! - `share.rs`: an idle worker's share of a busy port's backlog.
+//! - `slice.rs`: an idle worker's slice of a busy port's backlog.
 //! - `keys.rs`: the key map, and a drained mailbox's retirement.
 //! - `outcome.rs`: how a message ends, and what that gives back.
 //! - `stop.rs`: source stops and the force stop; the races the gate decides.
@@ -32,7 +32,7 @@ mod keys;
 mod outcome;
 mod port;
 mod route;
-mod share;
+mod slice;
 mod stop;
 mod submit;
 mod turn;

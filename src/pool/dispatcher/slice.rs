@@ -1,12 +1,12 @@
-//! Sharing a port's backlog: an idle worker takes a part of the inbox of
-//! a port whose turn runs on another worker (see "Share" in
+//! A slice of a port's backlog: an idle worker takes a part of the inbox
+//! of a port whose turn runs on another worker (see *steal* in
 //! `conserve/mod.rs`).
 //!
 //! A port runs one turn at a time, so the deliveries waiting in its inbox
 //! would all wait for its runner, however many workers idle. An idle
-//! worker *shares* them: under the port's gate (taken between two of the
+//! worker takes a *slice* of them: under the port's gate (taken between two of the
 //! runner's decisions, typically while the runner runs a message lent the
-//! port's loaner), it pops up to half of what waits ([`SHARE_MAX`] at
+//! port's loaner), it pops up to half of what waits ([`SLICE_MAX`] at
 //! most), from the head, in order, and does with each what the runner
 //! would do with a delivery for a key whose turn is spent: into its key's
 //! mailbox if the key has one, else into a new mailbox that joins the
@@ -22,8 +22,8 @@
 //!   it (by hash: a different key with the same hash is simply treated the
 //!   same) goes to the gate's `deferred` queue, which the runner takes
 //!   before the inbox, so it runs after the lent message, in order;
-//! - keys that already wait in `deferred`: a share is taken only while
-//!   `deferred` is empty, so the only keys there are those the share put
+//! - keys that already wait in `deferred`: a slice is taken only while
+//!   `deferred` is empty, so the only keys there are those a slice put
 //!   there itself, all with the lent key's hash.
 //!
 //! The runner's turn is untouched: its mark, its phase and its epoch stay;
@@ -45,15 +45,15 @@ use super::keys::Lookup;
 use super::port::Delivery;
 use super::{DispatcherInner, MailboxRef};
 
-/// The most deliveries one share takes.
-pub(super) const SHARE_MAX: usize = 64;
+/// The most deliveries one slice takes.
+pub(super) const SLICE_MAX: usize = 64;
 
 /// The fewest deliveries a port's inbox must hold for an idle worker to
-/// take a share (of half of them).
-pub(super) const SHARE_MIN: usize = 2;
+/// take a slice (of half of them).
+pub(super) const SLICE_MIN: usize = 2;
 
-/// What a share does with a delivery once the gate is let go.
-enum Shared<K, M, H: Handler<K, M>, S> {
+/// What a slice does with a delivery once the gate is let go.
+enum Sliced<K, M, H: Handler<K, M>, S> {
     /// A new mailbox with the delivery queued: to this worker's queue.
     Queue(MailboxRef<K, M, H, S>),
     /// A delivery of a stopping source: hand it back.
@@ -73,10 +73,10 @@ where
     H: Handler<K, M>,
     S: PoolHasher,
 {
-    /// Worker `cx`, out of work, takes a share of the backlog of one of
+    /// Worker `cx`, out of work, takes a slice of the backlog of one of
     /// this dispatcher's ports whose turn runs on another worker (see the
     /// module docs). True if it took any delivery.
-    pub(super) fn steal_share(this: &Arc<Self>, cx: &WorkerCx<'_>) -> bool {
+    pub(super) fn steal_slice(this: &Arc<Self>, cx: &WorkerCx<'_>) -> bool {
         if this.shared.is_forced() {
             return false;
         }
@@ -85,7 +85,7 @@ where
                 continue;
             }
             let waiting = port.inbox.len();
-            if waiting < SHARE_MIN {
+            if waiting < SLICE_MIN {
                 continue;
             }
             let mut gate = port.gate.lock();
@@ -101,7 +101,7 @@ where
             let lent = gate.lent.map(|l| unsafe { l.0.as_ref().hash() });
             let mut acts = Vec::new();
             let mut took = 0;
-            for _ in 0..(waiting / 2).clamp(1, SHARE_MAX) {
+            for _ in 0..(waiting / 2).clamp(1, SLICE_MAX) {
                 // SAFETY: we hold the gate: the only consumer.
                 let (Delivery { key, hash, env }, stamp) =
                     match unsafe { port.inbox.pop_before(usize::MAX) } {
@@ -110,7 +110,7 @@ where
                     };
                 took += 1;
                 if env.held.source.get().is_stopped() {
-                    acts.push(Shared::HandOver(key, env));
+                    acts.push(Sliced::HandOver(key, env));
                     continue;
                 }
                 if lent == Some(hash) {
@@ -125,7 +125,7 @@ where
                     Ok(Lookup::Active(m, key)) => {
                         // SAFETY: in the map, under the gate.
                         if let Err(env) = unsafe { m.as_ref() }.deliver(env, stamp) {
-                            acts.push(Shared::Reject(key, env));
+                            acts.push(Sliced::Reject(key, env));
                         }
                     }
                     Ok(Lookup::Absent(key)) => {
@@ -135,31 +135,31 @@ where
                         if let Err(panic) = this.activate(&mut gate, &m) {
                             // SAFETY: free, under the gate.
                             let key = unsafe { m.take_key() };
-                            acts.push(Shared::FailNew(key, env, panic));
+                            acts.push(Sliced::FailNew(key, env, panic));
                             continue;
                         }
                         crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
                         // SAFETY: free, assigned, under the gate.
                         unsafe { m.schedule_with(env, stamp) };
-                        acts.push(Shared::Queue(m));
+                        acts.push(Sliced::Queue(m));
                     }
-                    Err((key, panic)) => acts.push(Shared::FailKeyed(key, env, panic)),
+                    Err((key, panic)) => acts.push(Sliced::FailKeyed(key, env, panic)),
                 }
             }
             drop(gate);
             for act in acts {
                 match act {
-                    Shared::Queue(m) => {
+                    Sliced::Queue(m) => {
                         m.move_home(cx.index);
                         cx.push_local(Task::new(m));
                     }
-                    Shared::HandOver(key, env) => Self::hand_over(this, &key, env),
-                    Shared::Reject(key, env) => this.reject(&key, env),
-                    Shared::FailKeyed(key, env, panic) => {
+                    Sliced::HandOver(key, env) => Self::hand_over(this, &key, env),
+                    Sliced::Reject(key, env) => this.reject(&key, env),
+                    Sliced::FailKeyed(key, env, panic) => {
                         this.fail_unkeyed(env, panic);
                         drop(key);
                     }
-                    Shared::FailNew(key, env, panic) => {
+                    Sliced::FailNew(key, env, panic) => {
                         this.fail_unkeyed(env, panic);
                         let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
                     }
