@@ -41,30 +41,35 @@
 //!   not every key ever seen.
 //! - **Workers.** One [`KeyedExecutor`] owns `workers` threads, shared by all
 //!   its dispatchers — never a thread per key, per dispatcher or per type.
-//!   Each worker has its own FIFO of mailboxes. A new key's route goes to a
-//!   worker with nothing queued (else a parked one, else the least loaded),
-//!   and its mailboxes run there. After `throughput` messages in one turn, a
-//!   mailbox goes to the back of its worker's queue, so a hot key cannot
-//!   starve the others. A worker out of work spins for `spin` (zero by
-//!   default), then parks.
-//! - **Work conservation.** Work stays where it was placed while its worker
-//!   makes progress — except work *waiting* behind a worker stuck in one
-//!   long step (a CPU-heavy message, a handler that blocks): while another
-//!   worker is idle, it takes that work — the rest of the stuck port's
-//!   inbox, mailboxes queued or woken behind the step — for one turn, after
-//!   which the work goes back to its own worker (and moves again only if
-//!   that one is still stuck). The step itself never moves, and its key's
-//!   next messages wait for it (one at a time, in order, as ever). A
-//!   worker counts as stuck once it has been seen in the same step for
-//!   50 µs (by submitters with work for it, or by idle workers, which
-//!   look again every 100 µs while a worker has work waiting); see
-//!   "Choosing settings" for what to expect.
-//! - **Routing.** A submitter reads its key's route (which worker the key is
-//!   on; written once, when the key's bucket is first used) and pushes the
-//!   message on the dispatcher's inbox for that worker; the worker moves
-//!   it into the mailbox. Only submitters touch routes and only a mailbox's
-//!   worker touches the mailbox, so the per-message hand-off between
-//!   threads is one queue push, as in a striped pool.
+//!   Each worker has its own FIFO of tasks (ports' turns, mailboxes). A
+//!   dispatcher spreads its keys over as many *ports* as workers, by the
+//!   key's hash, from the first message on; a port's turns run on its
+//!   *home* worker (at first port *i* on worker *i*), and a key's mailbox
+//!   on the worker that ran it last. After `throughput` messages in one
+//!   turn, a mailbox goes to the back of its worker's queue, so a hot key
+//!   cannot starve the others. A worker out of work spins for `spin` (zero
+//!   by default), then parks.
+//! - **Balance and work conservation.** No worker idles beside work it
+//!   could run. A worker out of work takes, from a busy one: a task queued
+//!   behind its step when two or more wait (or one behind a step *stuck*
+//!   for 50 µs: a CPU-heavy message, a handler that blocks); else a
+//!   *slice* of a busy port's backlog (up to half of the messages waiting
+//!   in its inbox, each into its key's mailbox on the idle worker); else,
+//!   behind a stuck step, the rest of that port's turn. What it takes runs
+//!   there, and that worker becomes its home. The step itself never moves,
+//!   and its key's next messages wait for it (one at a time, in order, as
+//!   ever). A parked worker looks again every 100 µs while another has work
+//!   waiting, and a submitter wakes one that sleeps. A handler's message to
+//!   another key queues that key's port on the handler's own worker (keys
+//!   that message each other share a worker). [`WorkerStats::stolen`],
+//!   [`WorkerStats::parked_beside_work`] and
+//!   [`WorkerStats::idle_beside_work`] show it at work; see "Choosing
+//!   settings" for what to expect.
+//! - **Routing.** A submitter computes its key's port from the key's hash
+//!   (no table) and pushes the message on that port's inbox; the port's
+//!   turn moves it into the key's mailbox, or runs it at once if the key
+//!   has none. The per-message hand-off between threads is one queue push,
+//!   as in a striped pool.
 //! - **Async handlers.** A handler's future is polled on the key's worker with
 //!   the crate's own waker. `Pending` releases the worker; a wake from any
 //!   thread (a runtime's timer or reactor, a channel, another thread)

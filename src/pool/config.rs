@@ -13,8 +13,7 @@ use crate::pool::observe::SlowStep;
 /// (tens of microseconds) is noise.
 pub const MAX_SPIN: Duration = Duration::from_millis(1);
 
-/// The most worker threads an executor may have (a dispatcher keeps a
-/// worker's index in two bytes per bucket of keys).
+/// The most worker threads an executor may have.
 pub const MAX_WORKERS: usize = 4096;
 
 /// Default messages a mailbox runs in one turn before yielding its worker.
@@ -175,17 +174,19 @@ impl Builder {
         self
     }
 
-    /// Whether an idle worker takes work waiting behind a worker stuck in a
-    /// long step (a CPU-heavy message, a handler that blocks). Default
-    /// `true`.
+    /// Whether an idle worker takes work waiting behind a busy one: tasks
+    /// queued behind its step, slices of a busy port's backlog, the rest
+    /// of a turn behind a stuck step. Default `true`.
     ///
-    /// With it, a key's messages may run on another worker than the one
-    /// its route names once that worker was seen stuck; per-key order, one
-    /// at a time, fairness and the stops hold either way (see the crate
-    /// docs, "Work conservation"). Turn it off to keep every key on
-    /// the worker it was placed on for good — for handlers that rely on a
-    /// worker's thread-local state, say — accepting that keys queued behind
-    /// a long step wait for it even while another worker idles.
+    /// With it, a key's messages may run on another worker than its port's
+    /// first home; per-key order, one at a time, fairness and the stops
+    /// hold either way (see the crate docs, "Balance and work
+    /// conservation"). Turn it off to keep every port (and its keys'
+    /// mailboxes) on its first worker for good — for handlers that rely on
+    /// a worker's thread-local state, say — accepting that a backlog waits
+    /// for its worker even while another idles
+    /// ([`WorkerStats::parked_beside_work`](crate::WorkerStats::parked_beside_work)
+    /// counts that).
     ///
     /// Its cost shows where threads outnumber cores: a worker the operating
     /// system has descheduled looks stuck like one in a long step, and idle

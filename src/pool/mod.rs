@@ -11,9 +11,9 @@
 //! - `handler.rs`: what a dispatcher runs for a message, sync or async.
 //! - `deadline.rs`: messages with a deadline, not run once it passed.
 //! - `poison.rs`: the retrying handler: attempts, backoffs, dead letters.
-//! - `dispatcher/`: one handler, its keys' routes and its per-worker ports
+//! - `dispatcher/`: one handler and its ports, to which keys belong by hash
 //!   (`mod.rs` the public `Dispatcher`; `route`, `submit`, `port`, `turn`,
-//!   `keys`, `outcome`, `stop`, `erased`, `hasher`).
+//!   `slice`, `keys`, `outcome`, `stop`, `erased`, `hasher`).
 //! - `receiver/`: the sources that feed a dispatcher: the type, its builder,
 //!   admission and its futures.
 //! - `batch.rs`: a receiver's batched sends (`send_batch` and its forms).
