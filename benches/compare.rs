@@ -38,7 +38,11 @@
 //! striped peer, `KEYED_BENCH_STRIPED_BOUND=N` gives each of its channels
 //! room for N ÷ workers messages (unbounded by default), so that its
 //! producer blocks as the crate's does at `max_in_flight` N (W1, W2, W7
-//! only: W4's handlers send into their own pool).
+//! only: W4's handlers send into their own pool). `KEYED_BENCH_FLOOR`
+//! (`credit,turns,return=16` by default) says what the diagnostic
+//! `contract-floor` row pays for (`benches/common/floor.rs`); the row runs
+//! only when `KEYED_BENCH_DESIGNS` names it (`floor`), and in the smoke
+//! run.
 
 mod common;
 
