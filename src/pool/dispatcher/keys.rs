@@ -8,13 +8,14 @@ use std::ptr::NonNull;
 
 use crate::error::Panic;
 use crate::pool::handler::Handler;
-use crate::pool::mailbox::Mailbox;
+use crate::pool::mailbox::{Envelope, Mailbox, Stamp};
+use crate::pool::task::Task;
 use crate::pool::turns::Turns;
 use crate::pool::worker::WorkerCx;
 use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::Arc;
 
-use super::port::Gate;
+use super::port::{Delivery, Gate};
 use super::{DispatcherInner, KeyMailbox, MailboxRef};
 
 pub(super) type Keys<K, M, H, S> =
@@ -116,6 +117,43 @@ impl<K> Hash for dyn KeyProbe<K> + '_ {
 /// mailboxes (see `drained`), and beyond that a released one is freed.
 pub(super) const SPARES: usize = 32;
 
+/// What to do with a delivery once its port's gate is let go (see
+/// [`DispatcherInner::settle`]): the turn's and a slice's common ends.
+pub(super) enum Settle<K, M, H: Handler<K, M>, S> {
+    /// A delivery of a stopping source: hand it back.
+    HandOver(K, Envelope<M, H::Output>),
+    /// A delivery its (closed) mailbox refused: hand it back.
+    Reject(K, Envelope<M, H::Output>),
+    /// A delivery whose key's `Eq` panicked: fail it, then drop the key.
+    FailKeyed(K, Envelope<M, H::Output>, Panic),
+    /// A delivery whose new mailbox could not join the map (the key's
+    /// `Clone` or `Eq` panicked): fail it, then drop the key, contained.
+    FailNew(Option<K>, Envelope<M, H::Output>, Panic),
+    /// A new mailbox with the delivery queued: to the back of this
+    /// worker's queue.
+    Queue(MailboxRef<K, M, H, S>),
+}
+
+/// A delivery whose key has no mailbox.
+pub(super) struct Absent<K, M, O> {
+    pub(super) key: K,
+    pub(super) hash: u64,
+    pub(super) env: Envelope<M, O>,
+    pub(super) stamp: Stamp,
+}
+
+/// Where a delivery taken off a port's inbox goes, sorted under the gate
+/// (see [`DispatcherInner::sort`]).
+pub(super) enum Sorted<K, M, H: Handler<K, M>, S> {
+    /// Into its key's mailbox: done.
+    Delivered,
+    /// Its key has no mailbox (nothing of it waits or runs): the caller
+    /// runs it lent the loaner, or gives it a mailbox (`new_mailbox`).
+    Absent(Absent<K, M, H::Output>),
+    /// To settle with the gate let go.
+    Settle(Settle<K, M, H, S>),
+}
+
 /// Below this many entries a port's map and its spares' list keep
 /// whatever capacity they grew to.
 const SHRINK_FLOOR: usize = 1024;
@@ -184,6 +222,88 @@ where
             Ok(Some(m)) => Ok(Lookup::Active(m, key)),
             Ok(None) => Ok(Lookup::Absent(key)),
             Err(payload) => Err((key, Panic::new(payload))),
+        }
+    }
+
+    /// Under the gate, a delivery just taken off port's inbox: handed
+    /// over if its source is stopping, into its key's mailbox if it has
+    /// one, else `Absent`.
+    #[inline]
+    pub(super) fn sort(
+        gate: &Gate<K, M, H, S>,
+        delivery: Delivery<K, M, H::Output>,
+        stamp: Stamp,
+    ) -> Sorted<K, M, H, S> {
+        let Delivery { key, hash, env } = delivery;
+        if env.held.source.get().is_stopped() {
+            // Its source is stopping: hand it back, do not start it.
+            return Sorted::Settle(Settle::HandOver(key, env));
+        }
+        match Self::lookup(gate, hash, key) {
+            Ok(Lookup::Active(m, key)) => {
+                // SAFETY: in the map, under the gate.
+                match unsafe { m.as_ref() }.deliver(env, stamp) {
+                    Ok(()) => Sorted::Delivered,
+                    // Closed (a force stop under way, or a key whose `Eq`
+                    // failed it): handed back.
+                    Err(env) => Sorted::Settle(Settle::Reject(key, env)),
+                }
+            }
+            Ok(Lookup::Absent(key)) => Sorted::Absent(Absent {
+                key,
+                hash,
+                env,
+                stamp,
+            }),
+            Err((key, panic)) => Sorted::Settle(Settle::FailKeyed(key, env, panic)),
+        }
+    }
+
+    /// Under the gate of port `p`: gives `key` (without a mailbox) a new
+    /// one, in the map, with the delivery queued (`Queue`: the caller
+    /// queues its task), or fails the delivery (`FailNew`).
+    pub(super) fn new_mailbox(
+        this: &Arc<Self>,
+        gate: &mut Gate<K, M, H, S>,
+        p: usize,
+        absent: Absent<K, M, H::Output>,
+        cx: &WorkerCx<'_>,
+    ) -> Settle<K, M, H, S> {
+        let Absent {
+            key,
+            hash,
+            env,
+            stamp,
+        } = absent;
+        let m = Self::spare(this, gate, p);
+        // SAFETY: free, under the gate.
+        unsafe { m.assign(key, hash) };
+        if let Err(panic) = this.activate(gate, &m) {
+            // SAFETY: free, under the gate.
+            let key = unsafe { m.take_key() };
+            return Settle::FailNew(key, env, panic);
+        }
+        crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
+        // SAFETY: free, assigned, under the gate.
+        unsafe { m.schedule_with(env, stamp) };
+        Settle::Queue(m)
+    }
+
+    /// With the gate let go: what a delivery's sorting left to do (user
+    /// code — a key's `Drop`, hooks — runs here, never under the gate).
+    pub(super) fn settle(this: &Arc<Self>, settle: Settle<K, M, H, S>, cx: &WorkerCx<'_>) {
+        match settle {
+            Settle::HandOver(key, env) => Self::hand_over(this, &key, env),
+            Settle::Reject(key, env) => this.reject(&key, env),
+            Settle::FailKeyed(key, env, panic) => {
+                this.fail_unkeyed(env, panic);
+                drop(key);
+            }
+            Settle::FailNew(key, env, panic) => {
+                this.fail_unkeyed(env, panic);
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+            }
+            Settle::Queue(m) => cx.requeue_local(Task::new(m)),
         }
     }
 

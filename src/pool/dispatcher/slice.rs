@@ -30,20 +30,14 @@
 //! it just finds fewer deliveries. A stopped source's delivery is handed
 //! over, a closed mailbox's rejected, as in a turn.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
-use crate::error::Panic;
 use crate::pool::handler::Handler;
 use crate::pool::inbox::Popped;
-use crate::pool::mailbox::Envelope;
-use crate::pool::task::Task;
 use crate::pool::worker::WorkerCx;
 use crate::pool::{PoolHasher, PoolKey};
 use crate::sync::Arc;
 
-use super::keys::Lookup;
-use super::port::Delivery;
-use super::{DispatcherInner, MailboxRef};
+use super::keys::Sorted;
+use super::DispatcherInner;
 
 /// The most deliveries one slice takes.
 pub(super) const SLICE_MAX: usize = 64;
@@ -51,20 +45,6 @@ pub(super) const SLICE_MAX: usize = 64;
 /// The fewest deliveries a port's inbox must hold for an idle worker to
 /// take a slice (of half of them).
 pub(super) const SLICE_MIN: usize = 2;
-
-/// What a slice does with a delivery once the gate is let go.
-enum Sliced<K, M, H: Handler<K, M>, S> {
-    /// A new mailbox with the delivery queued: to this worker's queue.
-    Queue(MailboxRef<K, M, H, S>),
-    /// A delivery of a stopping source: hand it back.
-    HandOver(K, Envelope<M, H::Output>),
-    /// A delivery its (closed) mailbox refused: hand it back.
-    Reject(K, Envelope<M, H::Output>),
-    /// A delivery whose key's `Eq` panicked: fail it, then drop the key.
-    FailKeyed(K, Envelope<M, H::Output>, Panic),
-    /// A delivery whose new mailbox could not join the map.
-    FailNew(Option<K>, Envelope<M, H::Output>, Panic),
-}
 
 impl<K, M, H, S> DispatcherInner<K, M, H, S>
 where
@@ -99,71 +79,33 @@ where
             // SAFETY: a lent loaner is alive while `lent` is set, and its
             // hash is written before it is lent, under the gate we hold.
             let lent = gate.lent.map(|l| unsafe { l.0.as_ref().hash() });
-            let mut acts = Vec::new();
+            let mut settles = Vec::new();
             let mut took = 0;
             for _ in 0..(waiting / 2).clamp(1, SLICE_MAX) {
                 // SAFETY: we hold the gate: the only consumer.
-                let (Delivery { key, hash, env }, stamp) =
-                    match unsafe { port.inbox.pop_before(usize::MAX) } {
-                        Popped::Value(d, stamp) => (d, stamp),
-                        Popped::Past | Popped::Unwritten => break,
-                    };
+                let (delivery, stamp) = match unsafe { port.inbox.pop_before(usize::MAX) } {
+                    Popped::Value(d, stamp) => (d, stamp),
+                    Popped::Past | Popped::Unwritten => break,
+                };
                 took += 1;
-                if env.held.source.get().is_stopped() {
-                    acts.push(Sliced::HandOver(key, env));
-                    continue;
-                }
-                if lent == Some(hash) {
+                if lent == Some(delivery.hash) && !delivery.env.held.source.get().is_stopped() {
                     // Behind the message the runner runs lent: the runner
                     // takes `deferred` before the inbox.
-                    gate.deferred
-                        .push_back((Delivery { key, hash, env }, stamp));
+                    gate.deferred.push_back((delivery, stamp));
                     port.state.set_deferred(true);
                     continue;
                 }
-                match Self::lookup(&gate, hash, key) {
-                    Ok(Lookup::Active(m, key)) => {
-                        // SAFETY: in the map, under the gate.
-                        if let Err(env) = unsafe { m.as_ref() }.deliver(env, stamp) {
-                            acts.push(Sliced::Reject(key, env));
-                        }
+                match Self::sort(&gate, delivery, stamp) {
+                    Sorted::Delivered => {}
+                    Sorted::Settle(settle) => settles.push(settle),
+                    Sorted::Absent(absent) => {
+                        settles.push(Self::new_mailbox(this, &mut gate, p, absent, cx));
                     }
-                    Ok(Lookup::Absent(key)) => {
-                        let m = Self::spare(this, &mut gate, p);
-                        // SAFETY: free, under the gate.
-                        unsafe { m.assign(key, hash) };
-                        if let Err(panic) = this.activate(&mut gate, &m) {
-                            // SAFETY: free, under the gate.
-                            let key = unsafe { m.take_key() };
-                            acts.push(Sliced::FailNew(key, env, panic));
-                            continue;
-                        }
-                        crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
-                        // SAFETY: free, assigned, under the gate.
-                        unsafe { m.schedule_with(env, stamp) };
-                        acts.push(Sliced::Queue(m));
-                    }
-                    Err((key, panic)) => acts.push(Sliced::FailKeyed(key, env, panic)),
                 }
             }
             drop(gate);
-            for act in acts {
-                match act {
-                    Sliced::Queue(m) => {
-                        m.move_home(cx.index);
-                        cx.push_local(Task::new(m));
-                    }
-                    Sliced::HandOver(key, env) => Self::hand_over(this, &key, env),
-                    Sliced::Reject(key, env) => this.reject(&key, env),
-                    Sliced::FailKeyed(key, env, panic) => {
-                        this.fail_unkeyed(env, panic);
-                        drop(key);
-                    }
-                    Sliced::FailNew(key, env, panic) => {
-                        this.fail_unkeyed(env, panic);
-                        let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
-                    }
-                }
+            for settle in settles {
+                Self::settle(this, settle, cx);
             }
             if took > 0 {
                 return true;

@@ -53,8 +53,8 @@ use crate::sync::atomic::fence;
 use crate::sync::atomic::Ordering::*;
 use crate::sync::{Arc, SpinGuard};
 
-use super::keys::{mailbox_ptr, Lookup};
-use super::port::{Delivery, Gate, Lent, Port, Schedule};
+use super::keys::{mailbox_ptr, Absent, Settle, Sorted};
+use super::port::{Gate, Lent, Port, Schedule};
 use super::{DispatcherInner, MailboxRef};
 
 /// Deliveries a port's turn takes in a row before it lets its gate go
@@ -70,15 +70,9 @@ enum Act<K, M, H: Handler<K, M>, S> {
     /// Nothing: the gate is let go for a moment (every `GATE_HOLD`
     /// deliveries).
     LetGo,
-    /// A delivery of a stopping source: hand it back.
-    HandOver(K, Envelope<M, H::Output>),
-    /// A delivery its (closed) mailbox refused: hand it back.
-    Reject(K, Envelope<M, H::Output>),
-    /// A delivery whose key's `Eq` panicked: fail it, then drop the key.
-    FailKeyed(K, Envelope<M, H::Output>, Panic),
-    /// A delivery whose new mailbox could not join the map (the key's
-    /// `Clone` or `Eq` panicked): fail it, then drop the key, contained.
-    FailNew(Option<K>, Envelope<M, H::Output>, Panic),
+    /// A delivery sorted under the gate (handed back, failed, or a new
+    /// mailbox to queue; see `keys.rs`).
+    Settle(Settle<K, M, H, S>),
     /// Run the delivery lent the loaner (assigned and lent already).
     RunLent {
         loaner: MailboxRef<K, M, H, S>,
@@ -87,9 +81,6 @@ enum Act<K, M, H: Handler<K, M>, S> {
         seat: Seat,
         spent: u32,
     },
-    /// A new mailbox with the delivery queued: to the back of the
-    /// worker's queue.
-    Queue(MailboxRef<K, M, H, S>),
     /// A lent step finished: drop its key (user code).
     DropKey(Option<K>),
     /// A lent step is pending: suspend its loaner, now its key's mailbox
@@ -225,16 +216,7 @@ where
             drop(gate);
             match act {
                 Act::End { .. } | Act::LetGo => {}
-                Act::HandOver(key, env) => Self::hand_over(this, &key, env),
-                Act::Reject(key, env) => this.reject(&key, env),
-                Act::FailKeyed(key, env, panic) => {
-                    this.fail_unkeyed(env, panic);
-                    drop(key);
-                }
-                Act::FailNew(key, env, panic) => {
-                    this.fail_unkeyed(env, panic);
-                    let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
-                }
+                Act::Settle(settle) => Self::settle(this, settle, cx),
                 Act::RunLent {
                     loaner,
                     env,
@@ -252,7 +234,6 @@ where
                         spent,
                     });
                 }
-                Act::Queue(m) => cx.requeue_local(Task::new(m)),
                 Act::DropKey(key) => {
                     let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
                 }
@@ -348,26 +329,13 @@ where
                     Popped::Unwritten => return Act::End { more: false },
                 },
             };
-            let (Delivery { key, hash, env }, stamp) = next;
-            if env.held.source.get().is_stopped() {
-                // Its source is stopping: hand it back, do not start it.
-                return Act::HandOver(key, env);
-            }
-            let key = match Self::lookup(gate, hash, key) {
-                Ok(Lookup::Active(m, key)) => {
-                    // SAFETY: in the map, under the gate.
-                    if let Err(env) = unsafe { m.as_ref() }.deliver(env, stamp) {
-                        // Closed (a force stop under way, or a key whose
-                        // `Eq` failed it): handed back.
-                        return Act::Reject(key, env);
-                    }
-                    continue;
-                }
-                Ok(Lookup::Absent(key)) => key,
-                Err((key, panic)) => return Act::FailKeyed(key, env, panic),
+            let absent = match Self::sort(gate, next.0, next.1) {
+                Sorted::Delivered => continue,
+                Sorted::Settle(settle) => return Act::Settle(settle),
+                Sorted::Absent(absent) => absent,
             };
             // The key has no mailbox: nothing of it waits or runs.
-            let seat = Turns::seat(turn.port_id, hash);
+            let seat = Turns::seat(turn.port_id, absent.hash);
             let spent = cx.turn_spent(seat);
             if spent < turn.throughput && !this.shared.is_forced() {
                 // Run it now, lent the port's loaner, with the gate released
@@ -376,6 +344,12 @@ where
                     Some(loaner) => loaner,
                     None => Self::spare(this, gate, turn.p),
                 };
+                let Absent {
+                    key,
+                    hash,
+                    env,
+                    stamp,
+                } = absent;
                 // SAFETY: the loaner is free and we hold the gate.
                 unsafe {
                     loaner.assign(key, hash);
@@ -393,18 +367,7 @@ where
             // Its turn is spent (or a force stop began): it gets a mailbox
             // with this message queued, at the back of the worker's queue,
             // as a mailbox that used up its turn goes.
-            let m = Self::spare(this, gate, turn.p);
-            // SAFETY: free, under the gate.
-            unsafe { m.assign(key, hash) };
-            if let Err(panic) = this.activate(gate, &m) {
-                // SAFETY: free, under the gate.
-                let key = unsafe { m.take_key() };
-                return Act::FailNew(key, env, panic);
-            }
-            crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
-            // SAFETY: free, assigned, under the gate.
-            unsafe { m.schedule_with(env, stamp) };
-            return Act::Queue(m);
+            return Act::Settle(Self::new_mailbox(this, gate, turn.p, absent, cx));
         }
     }
 
