@@ -7,10 +7,10 @@
 
 mod common;
 
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::ByIdentity;
 use keyed_executor::{handler, KeyedExecutor, WeakReceiver};
 
 /// One test at a time: each counts its own workers' shares, and the
@@ -101,25 +101,6 @@ fn a_burst_placed_while_one_worker_runs_then_a_backlog_is_shared() {
     }
 }
 
-/// Hashes a `u64` key to itself: keys below 2^32 all fall in the first
-/// port of a dispatcher (ports take the hash's high half).
-#[derive(Default)]
-struct Low(u64);
-
-impl Hasher for Low {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
 /// Every key in one port (a hasher that sends them all there): the port
 /// runs one turn at a time, on one worker, yet the other worker takes
 /// slices of its backlog (its keys then run in mailboxes on that worker),
@@ -131,7 +112,7 @@ fn the_backlog_of_one_port_is_shared() {
         let ex = KeyedExecutor::builder().workers(2).build().unwrap();
         let d = ex
             .dispatcher_builder(handler::from_fn(|_k: &u64, _m: ()| work(5)))
-            .hasher(BuildHasherDefault::<Low>::default())
+            .hasher(ByIdentity::default())
             .build();
         let r = d.receiver(1_024).unwrap();
         for i in 0..20_000u64 {
@@ -166,7 +147,7 @@ fn a_worker_idle_beside_a_backlog_it_cannot_take_counts_it() {
         .unwrap();
     let d = ex
         .dispatcher_builder(handler::from_fn(|_k: &u64, _m: ()| work(5)))
-        .hasher(BuildHasherDefault::<Low>::default())
+        .hasher(ByIdentity::default())
         .build();
     // Wake the other worker once (a key of the other port), so that it
     // parks again beside the backlog that follows.

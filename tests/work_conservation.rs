@@ -6,45 +6,24 @@
 //! nothing lost and both stops hold while work moves.
 //!
 //! The keys here hash to themselves (a pass-through hasher), so a test
-//! chooses which keys share a bucket: the bucket is the hash's bits 40 and
-//! up, so `key(b, i)` is key `i` of bucket `b`.
+//! chooses which keys share a port: with two workers a key's port is its
+//! hash's top bit, so `key(b, i)` is key `i` of group `b`, in port `b % 2`.
 
 mod common;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{env_u64, seeds, Gate, Replay, Rng, YieldOnce};
+use common::{env_u64, seeds, ByIdentity, Gate, Replay, Rng, YieldOnce};
 use futures::channel::oneshot;
 use keyed_executor::{handler, KeyedExecutor, TaskError};
 
-/// Hashes a `u64` key to itself.
-#[derive(Default)]
-struct Identity(u64);
-
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type ByIdentity = BuildHasherDefault<Identity>;
-
-/// Key `i` of bucket `b`.
+/// Key `i` of group `b`, in port `b % 2` (of two).
 fn key(b: u64, i: u64) -> u64 {
-    (b << 40) | i
+    ((b & 1) << 63) | (b << 40) | i
 }
 
 /// Waits for `f` on another thread; fails the test if it has not returned
@@ -90,8 +69,8 @@ fn keys_queued_behind_a_blocked_step_run_on_the_idle_worker() {
         .unwrap();
     started.wait();
     // The blocked key's next message, then 300 messages of 30 other keys:
-    // a third in the blocked key's bucket (its port's inbox), the rest in
-    // buckets placed wherever (possibly on the blocked worker too).
+    // two thirds in the blocked key's group and port (its port's inbox),
+    // the rest in the other port.
     let after = r.submit_blocking(slow, Msg::Fast(1)).unwrap();
     let others: Vec<_> = (0..300u64)
         .map(|i| {
@@ -143,8 +122,8 @@ fn a_future_woken_behind_a_blocked_step_runs_on_the_idle_worker() {
         .hasher(ByIdentity::default())
         .build();
     let r = d.receiver(64).unwrap();
-    // Ten futures of bucket 0's keys suspend on that port's worker, then a
-    // key of the same bucket blocks that worker.
+    // Ten futures of group 0's keys suspend on that port's worker, then a
+    // key of the same group blocks that worker.
     let (txs, waiting): (Vec<_>, Vec<_>) = (1..=10u64)
         .map(|i| {
             let (tx, rx) = oneshot::channel();
@@ -183,7 +162,7 @@ enum Pair {
     Open(Gate),
 }
 
-/// Two keys of one bucket (so one port, one worker): the first blocks its
+/// Two keys of one group (so one port, one worker): the first blocks its
 /// worker until the second has run, which only the idle worker can do. On
 /// a fresh executor each round, so that the second message lands while the
 /// other worker is on its way to sleep: before, a submit that queued behind
@@ -227,7 +206,7 @@ fn a_lone_message_behind_a_step_that_began_as_the_other_worker_slept() {
     }
 }
 
-/// Two keys in different buckets that message each other (ping-pong),
+/// Two keys in different ports that message each other (ping-pong),
 /// the first message sent as the executor starts: an idle worker may run
 /// that first turn in place of a worker not yet running (work
 /// conservation takes it as stuck), and the key its handler creates must
@@ -326,7 +305,7 @@ fn long_messages_of_a_mailbox_turn_give_way_before_the_next() {
     assert_eq!(ex.stats().workers[0].gave_way, 7);
 }
 
-/// Randomized: several producers, keys spread over a few buckets (so ports
+/// Randomized: several producers, keys spread over a few groups (so ports
 /// are shared), 1 in 15 messages a slow step (it sleeps, blocking its
 /// worker), some async ones that yield; the executor drains, or is stopped
 /// gracefully or by force part way. Per key: the messages that ran ran in
@@ -371,7 +350,7 @@ fn slow_keys_round(seed: u64) {
     let mut rng = Rng::new(seed);
     let workers = rng.range(2, 4) as usize;
     let throughput = rng.range(1, 17) as usize;
-    let buckets = rng.range(1, 4);
+    let groups = rng.range(1, 4);
     let producers = rng.range(1, 4);
     let keys_per = rng.range(2, 9);
     let per_producer = rng.range(50, 200);
@@ -417,7 +396,7 @@ fn slow_keys_round(seed: u64) {
                     if stopping.load(SeqCst) && rng.percent(50) {
                         break;
                     }
-                    let k = key(rng.below(buckets), p * 100 + rng.below(keys_per));
+                    let k = key(rng.below(groups), p * 100 + rng.below(keys_per));
                     let kind = match rng.below(15) {
                         0 => Kind::Slow(rng.range(100, 1500)),
                         1..=3 => Kind::Yield,

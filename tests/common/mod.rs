@@ -427,3 +427,25 @@ pub fn spawn_firer(
         }
     })
 }
+
+/// Hashes a `u64` key to itself: a test chooses which keys share a port
+/// (a dispatcher of two workers puts a key in port `hash >> 63`).
+#[derive(Default)]
+pub struct IdentityHasher(u64);
+
+impl std::hash::Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A dispatcher's hasher that hands `u64` keys through ([`IdentityHasher`]).
+pub type ByIdentity = std::hash::BuildHasherDefault<IdentityHasher>;
