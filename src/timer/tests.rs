@@ -452,11 +452,15 @@ fn a_panicking_waker_does_not_stop_the_others() {
 #[test]
 fn capacity_shrinks_after_a_burst() {
     let timers = Timers::with_name("tmr-shrink");
-    let at = Instant::now() + ms(5);
+    // Far enough that the burst is in before the first entry fires, even
+    // on a loaded machine; if it was not (the thread stalled past `at`),
+    // the heap may already have shrunk and only the end is checked.
+    let at = Instant::now() + ms(200);
     for _ in 0..5_000 {
         let _ = timers.insert(at, &noop()).unwrap();
     }
-    assert!(timers.capacity() >= 5_000);
+    let grown = timers.capacity();
+    assert!(grown >= 5_000 || Instant::now() >= at, "{grown}");
     assert!(eventually(|| timers.is_empty()));
     assert!(timers.capacity() <= KEEP, "{}", timers.capacity());
 }
