@@ -642,7 +642,7 @@ pub use pool::stats::{
 };
 
 #[cfg(feature = "metrics")]
-pub use crate::pool::metrics::DEFAULT_METRICS_SAMPLING;
+pub use crate::pool::config::DEFAULT_METRICS_SAMPLING;
 #[cfg(feature = "sink")]
 pub use crate::pool::receiver::ReceiverSink;
 
