@@ -629,7 +629,6 @@ pub use pool::dispatcher::{DefaultHashBuilder, DefaultHasher, Dispatcher, Dispat
 pub use pool::executor::KeyedExecutor;
 #[doc(inline)]
 pub use pool::handler;
-pub use pool::observe::SlowStep;
 #[cfg(not(loom))]
 pub use pool::receiver::WeakReceiver;
 pub use pool::receiver::{
@@ -638,7 +637,7 @@ pub use pool::receiver::{
 };
 pub use pool::retry::{Backoff, Failure, Jitter, RetryDecision, RetryPolicy, RetryPolicyBuilder};
 pub use pool::stats::{
-    CurrentStep, DispatcherStats, ExecutorStats, SpawnedStats, WorkerState, WorkerStats,
+    CurrentStep, DispatcherStats, ExecutorStats, SlowStep, SpawnedStats, WorkerState, WorkerStats,
 };
 
 #[cfg(feature = "metrics")]

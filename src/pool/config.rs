@@ -5,7 +5,7 @@ use std::sync::Arc as StdArc;
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::pool::observe::SlowStep;
+use crate::pool::stats::SlowStep;
 
 /// The longest a worker may spin before parking (1 ms).
 ///
