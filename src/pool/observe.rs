@@ -45,8 +45,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::pool::dispatcher::StopTarget;
-use crate::pool::shared::Shared;
+use crate::pool::shared::{Shared, StopTarget};
 use crate::pool::stats::{CurrentStep, SlowStep};
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::{fence, AtomicU64, Ordering::*};

@@ -24,7 +24,9 @@
 //! - `keys.rs`: the key map, and a drained mailbox's retirement.
 //! - `outcome.rs`: how a message ends, and what that gives back.
 //! - `stop.rs`: source stops and the force stop; the races the gate decides.
-//! - `erased.rs`: the type-erased faces: `Runnable`, `StopTarget`, `Core`.
+//! - `erased.rs`: the type-erased faces it implements: `Runnable`
+//!   (declared in `task.rs`), `StopTarget` (`shared.rs`), `Core`
+//!   (`receiver/`).
 
 mod erased;
 mod hasher;
@@ -37,7 +39,6 @@ mod stop;
 mod submit;
 mod turn;
 
-pub(crate) use erased::StopTarget;
 pub use hasher::{DefaultHashBuilder, DefaultHasher};
 
 use std::fmt;
