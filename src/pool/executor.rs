@@ -175,7 +175,7 @@ impl KeyedExecutor {
         M: Send + 'static,
         H: Handler<K, M>,
     {
-        DispatcherBuilder::new(self, handler).build()
+        DispatcherBuilder::new(&self.shared, handler).build()
     }
 
     /// A builder for a dispatcher running `handler`, to set its hooks or
@@ -186,7 +186,7 @@ impl KeyedExecutor {
         M: Send + 'static,
         H: Handler<K, M>,
     {
-        DispatcherBuilder::new(self, handler)
+        DispatcherBuilder::new(&self.shared, handler)
     }
 
     /// Number of worker threads.

@@ -47,7 +47,6 @@ use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use crate::error::{ConfigError, Panic};
-use crate::pool::executor::KeyedExecutor;
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::Mailbox;
 use crate::pool::observe::Identity;
@@ -307,7 +306,8 @@ impl<K, M, O> fmt::Debug for Dispatcher<K, M, O> {
 /// ```
 #[must_use = "a builder does nothing until `build()` is called"]
 pub struct DispatcherBuilder<'e, K, M, H, S = DefaultHashBuilder> {
-    executor: &'e KeyedExecutor,
+    /// The executor's state, borrowed from the `KeyedExecutor` handle.
+    shared: &'e Arc<Shared>,
     handler: H,
     hasher: S,
     on_reject: Option<RejectHook<K, M>>,
@@ -327,9 +327,9 @@ impl<K, M, H, S> fmt::Debug for DispatcherBuilder<'_, K, M, H, S> {
 }
 
 impl<'e, K, M, H> DispatcherBuilder<'e, K, M, H, DefaultHashBuilder> {
-    pub(crate) fn new(executor: &'e KeyedExecutor, handler: H) -> Self {
+    pub(crate) fn new(shared: &'e Arc<Shared>, handler: H) -> Self {
         DispatcherBuilder {
-            executor,
+            shared,
             handler,
             hasher: DefaultHashBuilder::new(),
             on_reject: None,
@@ -390,7 +390,7 @@ where
         S2: BuildHasher + Clone + Send + Sync + 'static,
     {
         DispatcherBuilder {
-            executor: self.executor,
+            shared: self.shared,
             handler: self.handler,
             hasher,
             on_reject: self.on_reject,
@@ -402,7 +402,7 @@ where
 
     /// Creates the dispatcher on the executor's workers.
     pub fn build(self) -> Dispatcher<K, M, H::Output> {
-        let shared = self.executor.shared().clone();
+        let shared = self.shared.clone();
         let id = shared.next_dispatcher_id();
         let inner = Arc::new(DispatcherInner {
             shared: shared.clone(),
