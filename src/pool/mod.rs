@@ -35,7 +35,8 @@
 //! - `spawn.rs`: `futures_task::Spawn` for unkeyed futures.
 //! - `observe.rs`: names, the slow-step watch, metrics handles.
 //! - `metrics.rs`: the `metrics` feature's series.
-//! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
+//! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns, and
+//!   `SlowStep`, the slow-step hook's report.
 
 use std::hash::{BuildHasher, Hash};
 
