@@ -121,8 +121,8 @@ where
 ///
 /// `K` is the key, `M` the message and `O` the handler's output. Clones share
 /// the same mailboxes. A dispatcher does not keep the executor's workers
-/// alive: once the last [`KeyedExecutor`] handle is dropped, it refuses new
-/// messages.
+/// alive: once the last [`KeyedExecutor`](crate::KeyedExecutor) handle is
+/// dropped, it refuses new messages.
 ///
 /// ```
 /// use keyed_executor::{handler, KeyedExecutor};
@@ -287,7 +287,7 @@ impl<K, M, O> fmt::Debug for Dispatcher<K, M, O> {
 }
 
 /// Configures a [`Dispatcher`]: hooks and the key hasher. Made by
-/// [`KeyedExecutor::dispatcher_builder`].
+/// [`KeyedExecutor::dispatcher_builder`](crate::KeyedExecutor::dispatcher_builder).
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
