@@ -634,7 +634,6 @@ pub use pool::dispatcher::{DefaultHashBuilder, DefaultHasher, Dispatcher, Dispat
 pub use pool::executor::KeyedExecutor;
 #[doc(inline)]
 pub use pool::handler;
-pub use pool::observe::SlowStep;
 #[cfg(not(loom))]
 pub use pool::receiver::WeakReceiver;
 pub use pool::receiver::{
@@ -643,11 +642,11 @@ pub use pool::receiver::{
 };
 pub use pool::retry::{Backoff, Failure, Jitter, RetryDecision, RetryPolicy, RetryPolicyBuilder};
 pub use pool::stats::{
-    CurrentStep, DispatcherStats, ExecutorStats, SpawnedStats, WorkerState, WorkerStats,
+    CurrentStep, DispatcherStats, ExecutorStats, SlowStep, SpawnedStats, WorkerState, WorkerStats,
 };
 
 #[cfg(feature = "metrics")]
-pub use crate::pool::metrics::DEFAULT_METRICS_SAMPLING;
+pub use crate::pool::config::DEFAULT_METRICS_SAMPLING;
 #[cfg(feature = "sink")]
 pub use crate::pool::receiver::ReceiverSink;
 

@@ -1,6 +1,7 @@
 //! The executor: the pool of workers every dispatcher shares, and its
 //! lifecycle. The state its handles share with the workers and the
-//! dispatchers is `Shared`, in `shared.rs`.
+//! dispatchers is `Shared`, in `shared.rs`. `impl Spawn` is at the end;
+//! the spawned tasks it makes are `spawn.rs`'s.
 //!
 //! # Lifecycle
 //!
@@ -48,11 +49,14 @@ use std::fmt;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
+use futures_task::{FutureObj, Spawn, SpawnError};
+
 use crate::error::ConfigError;
 use crate::pool::config::{Builder, Config};
 use crate::pool::dispatcher::{Dispatcher, DispatcherBuilder};
 use crate::pool::handler::Handler;
 use crate::pool::shared::Shared;
+use crate::pool::spawn::spawn;
 use crate::pool::stats::ExecutorStats;
 use crate::pool::worker::{self, Worker};
 use crate::sync::atomic::Ordering::*;
@@ -175,7 +179,7 @@ impl KeyedExecutor {
         M: Send + 'static,
         H: Handler<K, M>,
     {
-        DispatcherBuilder::new(self, handler).build()
+        DispatcherBuilder::new(&self.shared, handler).build()
     }
 
     /// A builder for a dispatcher running `handler`, to set its hooks or
@@ -186,7 +190,7 @@ impl KeyedExecutor {
         M: Send + 'static,
         H: Handler<K, M>,
     {
-        DispatcherBuilder::new(self, handler)
+        DispatcherBuilder::new(&self.shared, handler)
     }
 
     /// Number of worker threads.
@@ -284,5 +288,67 @@ impl fmt::Debug for KeyedExecutor {
             .field("thread_name", &self.shared.config.thread_name)
             .field("shutdown", &self.is_shutdown())
             .finish()
+    }
+}
+
+/// Runs spawned futures on the executor's workers, so code written against
+/// the `futures` spawn traits ([`Spawn`], and `futures::task::SpawnExt`'s
+/// `spawn` / `spawn_with_handle`) can use the pool.
+///
+/// A spawned future is *unkeyed*: it is ordered with nothing, and a pending
+/// one holds no worker (it is polled with the crate's waker, like an async
+/// handler). It takes part in the executor's lifecycle:
+///
+/// - after [`shutdown`](KeyedExecutor::shutdown) or
+///   [`shutdown_now`](KeyedExecutor::shutdown_now) began, `spawn_obj`
+///   refuses with [`SpawnError::shutdown()`] and drops the future;
+/// - a graceful `shutdown` waits for every spawned future to finish, like
+///   for accepted messages (a future that never finishes makes it time out);
+/// - `shutdown_now` drops every spawned future that has not finished (a poll
+///   already running completes first). A `RemoteHandle` from
+///   `spawn_with_handle` whose future was dropped this way panics when
+///   polled, as with every `futures` executor.
+///
+/// A panic in a spawned future is caught: the future is dropped, the worker
+/// goes on, and [`ExecutorStats::spawned`](crate::ExecutorStats::spawned)
+/// counts it (with the `tracing` feature, a WARN event reports it).
+/// `spawn_with_handle` reports it to the handle instead.
+///
+/// ```
+/// use futures::task::SpawnExt;
+/// use keyed_executor::KeyedExecutor;
+///
+/// let executor = KeyedExecutor::builder().workers(2).build()?;
+/// let handle = executor.spawn_with_handle(async { 6 * 7 })?;
+/// assert_eq!(futures::executor::block_on(handle), 42);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// For futures that must run **one at a time per key**, use a dispatcher
+/// whose handler is the future itself:
+///
+/// ```
+/// use futures::future::BoxFuture;
+/// use keyed_executor::{handler, KeyedExecutor};
+///
+/// let executor = KeyedExecutor::builder().workers(2).build()?;
+/// let jobs = executor
+///     .dispatcher(handler::from_async_fn(|_key: u64, job: BoxFuture<'static, u32>| job))
+///     .receiver(64)?;
+/// let done = jobs.submit_blocking(7, Box::pin(async { 1 + 1 }))?;
+/// assert_eq!(done.wait()?, 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl Spawn for KeyedExecutor {
+    fn spawn_obj(&self, future: FutureObj<'static, ()>) -> Result<(), SpawnError> {
+        spawn(self.shared(), future)
+    }
+
+    fn status(&self) -> Result<(), SpawnError> {
+        if self.is_shutdown() {
+            Err(SpawnError::shutdown())
+        } else {
+            Ok(())
+        }
     }
 }

@@ -16,7 +16,8 @@
 //!   [`FLUSH_EVERY`] messages and before it parks. The counters a scrape
 //!   sees lag by at most that.
 //! - Histograms: a submitter stamps one message in
-//!   `metrics_sampling` (default [`DEFAULT_METRICS_SAMPLING`]; by the
+//!   `metrics_sampling` (default `DEFAULT_METRICS_SAMPLING`, in
+//!   `config.rs` with the other defaults; by the
 //!   message's position in its receiver, so no counter of its own is
 //!   touched, and each receiver's first message is timed) with a clock
 //!   reading; the worker reads the clock when the message starts and when
@@ -39,14 +40,6 @@
 //! Handles come from the recorder installed when the object is built
 //! (`metrics::set_global_recorder`, or `metrics::with_local_recorder`
 //! around the build): install the exporter first.
-
-/// Default [`Builder::metrics_sampling`](crate::Builder::metrics_sampling):
-/// one message in 256 is timed for the `keyed_executor_*_seconds`
-/// histograms (each timed message costs three clock readings and three
-/// histogram records, ~300 ns with the Prometheus exporter: about 1 ns per
-/// message at 1 in 256, 5 at 1 in 64).
-#[cfg(feature = "metrics")]
-pub const DEFAULT_METRICS_SAMPLING: u32 = 256;
 
 #[cfg(feature = "metrics")]
 mod imp {

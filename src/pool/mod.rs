@@ -32,10 +32,12 @@
 //! - `task.rs`: the type-erased handle a worker's queue holds.
 //! - `turns.rs`: a worker's record of the turns keys without a mailbox ran.
 //! - `waker.rs`: the crate's own waker over a mailbox (or spawned task).
-//! - `spawn.rs`: `futures_task::Spawn` for unkeyed futures.
+//! - `spawn.rs`: the unkeyed futures `futures_task::Spawn` runs (the impl
+//!   for `KeyedExecutor` is in `executor.rs`).
 //! - `observe.rs`: names, the slow-step watch, metrics handles.
 //! - `metrics.rs`: the `metrics` feature's series.
-//! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns.
+//! - `stats.rs`: the snapshot types `KeyedExecutor::stats` returns, and
+//!   `SlowStep`, the slow-step hook's report.
 
 use std::hash::{BuildHasher, Hash};
 

@@ -45,9 +45,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::pool::dispatcher::StopTarget;
-use crate::pool::shared::Shared;
-use crate::pool::stats::CurrentStep;
+use crate::pool::shared::{Shared, StopTarget};
+use crate::pool::stats::{CurrentStep, SlowStep};
 use crate::pool::worker::WorkerCx;
 use crate::sync::atomic::{fence, AtomicU64, Ordering::*};
 use crate::trace;
@@ -68,30 +67,6 @@ impl Identity {
             name: name.into_boxed_str(),
         }
     }
-}
-
-/// A step that ran longer than the executor's
-/// [`slow_step`](crate::Builder::slow_step) threshold, as given to the
-/// [`on_slow_step`](crate::Builder::on_slow_step) hook.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SlowStep {
-    /// The dispatcher's [name](crate::DispatcherBuilder::name) (`"?"` in
-    /// the rare case it was dropped before the report was made).
-    pub dispatcher: String,
-    /// The key's hash (the dispatcher's hasher): the same value the
-    /// `tracing` feature's `message` span carries as `key_hash`.
-    pub key_hash: u64,
-    /// The worker that ran it (`{thread_name}-{worker}`).
-    pub worker: usize,
-    /// How long it ran: its whole duration if it had ended when it was
-    /// reported (`finished`), else how long it had been running then.
-    /// Always above the threshold.
-    pub running_for: Duration,
-    /// Whether the step had ended when it was reported (reported by its
-    /// own worker) or was still running (reported by another worker or a
-    /// `stats()` caller).
-    pub finished: bool,
 }
 
 /// One worker's published step (see the module docs).

@@ -1,6 +1,8 @@
 //! `Shared`: the state every part of the pool reaches — the workers, the
 //! lifecycle flags, the dispatcher registry, the live sources, the idle
-//! workers (whose protocol is `conserve/`).
+//! workers (whose protocol is `conserve/`). What the registry needs of a
+//! dispatcher, `StopTarget`, is declared here and implemented by the
+//! dispatcher, so `shared` does not import it.
 
 use std::time::Instant;
 
@@ -8,8 +10,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::pool::config::Config;
 use crate::pool::conserve::Idle;
-use crate::pool::dispatcher::StopTarget;
-use crate::pool::observe::SlowSteps;
+use crate::pool::observe::{Identity, SlowSteps};
 use crate::pool::source::{SourceGuard, SourceRef};
 use crate::pool::spawn::Spawned;
 use crate::pool::stats::{DispatcherStats, ExecutorStats, WorkerState, WorkerStats};
@@ -18,6 +19,39 @@ use crate::pool::worker::{Worker, WorkerCx};
 use crate::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
 use crate::sync::{thread, Condvar, Mutex};
 use crate::trace;
+
+/// What the executor needs from every dispatcher, whatever its types: the
+/// registry's entries, implemented in `dispatcher/erased.rs`.
+pub(crate) trait StopTarget: Send + Sync + 'static {
+    /// Force stop: take every mailbox out of its port, reject its queue on
+    /// this thread and cancel its suspended future.
+    fn force_drain(&self) -> usize;
+    /// (mailboxes with work, idle mailboxes kept for reuse, map entries).
+    fn count_mailboxes(&self) -> (usize, usize, usize);
+    /// Messages in the inboxes of this dispatcher's ports homed on worker
+    /// `worker`.
+    fn inbox_len(&self, worker: usize) -> usize;
+    /// Whether one of its ports whose turn runs on a worker other than
+    /// `me` has deliveries waiting in its inbox (a backlog `me` cannot take).
+    fn backlog_beside(&self, me: usize) -> bool;
+    /// Nothing of the dispatcher is in flight (see `is_quiet`).
+    fn is_quiet(&self) -> bool;
+    /// Frees its spare mailboxes (it is leaving the registry).
+    fn release_spares(&self);
+    /// A steal of the turn of a port whose worker `stuck` runs its turn with
+    /// deliveries waiting (see "Stealing a turn" in `dispatcher/port.rs`).
+    fn steal_turn(&self, stuck: usize) -> Option<Task>;
+    /// Worker `cx` (idle) takes a slice of the backlog of a port whose
+    /// turn runs on another worker (see `dispatcher/slice.rs`); true if it did.
+    fn steal_slice(&self, cx: &WorkerCx<'_>) -> bool;
+    /// Whether one of its ports is queued or running (SeqCst loads; see
+    /// "Why no wake-up is lost" in `conserve/mod.rs`).
+    fn any_port_busy(&self) -> bool;
+    fn id(&self) -> u64;
+    /// Its name and metrics handles.
+    fn ident(&self) -> &Identity;
+    fn clone_box(&self) -> Box<dyn StopTarget>;
+}
 
 pub(crate) struct Registry {
     pub(crate) targets: Vec<Box<dyn StopTarget>>,

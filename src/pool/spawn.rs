@@ -1,4 +1,5 @@
-//! [`futures_task::Spawn`] for [`KeyedExecutor`]: a spawned future runs on
+//! [`futures_task::Spawn`] for [`KeyedExecutor`](crate::KeyedExecutor) (the
+//! impl is in `executor.rs`, the tasks here): a spawned future runs on
 //! the executor's workers, unkeyed, with the crate's own waker, and takes
 //! part in the executor's lifecycle like a message does.
 //!
@@ -44,18 +45,20 @@
 //! - Spawning checks `CLOSED` and registers the task under the registry lock,
 //!   so a spawn racing a stop is either refused (`SpawnError::shutdown()`, the
 //!   future is dropped on the spawner's thread) or seen by the stop.
-//! - Graceful [`shutdown`](KeyedExecutor::shutdown) waits for registered tasks
-//!   like it waits for live mailboxes (`Shared::is_drained`); a task that
-//!   completes while `CLOSED` wakes the workers to check again.
-//! - [`shutdown_now`](KeyedExecutor::shutdown_now) sets `FORCED`, then takes
-//!   the whole registry and claims every `IDLE` task (→ `COMPLETE`), dropping
-//!   its future on the stopping thread. A `SCHEDULED` task is cancelled by
-//!   whoever pops it (a worker, or the stop emptying the queues). A `RUNNING`
-//!   one finishes its poll; its runner then sees `FORCED` and drops the
-//!   future. The race between the claim and a runner going `IDLE` is closed
-//!   by SeqCst: the stop sets `FORCED` before its claim; the runner moves to
-//!   `IDLE` before it reads `FORCED`. If the claim read `RUNNING`, the
-//!   runner's later read sees `FORCED` and claims the task back itself.
+//! - Graceful [`shutdown`](crate::KeyedExecutor::shutdown) waits for
+//!   registered tasks like it waits for live mailboxes
+//!   (`Shared::is_drained`); a task that completes while `CLOSED` wakes the
+//!   workers to check again.
+//! - [`shutdown_now`](crate::KeyedExecutor::shutdown_now) sets `FORCED`,
+//!   then takes the whole registry and claims every `IDLE` task
+//!   (→ `COMPLETE`), dropping its future on the stopping thread. A
+//!   `SCHEDULED` task is cancelled by whoever pops it (a worker, or the
+//!   stop emptying the queues). A `RUNNING` one finishes its poll; its
+//!   runner then sees `FORCED` and drops the future. The race between the
+//!   claim and a runner going `IDLE` is closed by SeqCst: the stop sets
+//!   `FORCED` before its claim; the runner moves to `IDLE` before it reads
+//!   `FORCED`. If the claim read `RUNNING`, the runner's later read sees
+//!   `FORCED` and claims the task back itself.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -64,10 +67,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use futures_task::{FutureObj, Spawn, SpawnError};
+use futures_task::{FutureObj, SpawnError};
 
 use crate::error::Panic;
-use crate::pool::executor::KeyedExecutor;
 use crate::pool::shared::Shared;
 use crate::pool::stats::SpawnedStats;
 use crate::pool::task::{Runnable, Task};
@@ -375,71 +377,11 @@ impl fmt::Debug for SpawnTask {
     }
 }
 
-/// Runs spawned futures on the executor's workers, so code written against
-/// the `futures` spawn traits ([`Spawn`], and `futures::task::SpawnExt`'s
-/// `spawn` / `spawn_with_handle`) can use the pool.
-///
-/// A spawned future is *unkeyed*: it is ordered with nothing, and a pending
-/// one holds no worker (it is polled with the crate's waker, like an async
-/// handler). It takes part in the executor's lifecycle:
-///
-/// - after [`shutdown`](KeyedExecutor::shutdown) or
-///   [`shutdown_now`](KeyedExecutor::shutdown_now) began, `spawn_obj`
-///   refuses with [`SpawnError::shutdown()`] and drops the future;
-/// - a graceful `shutdown` waits for every spawned future to finish, like
-///   for accepted messages (a future that never finishes makes it time out);
-/// - `shutdown_now` drops every spawned future that has not finished (a poll
-///   already running completes first). A `RemoteHandle` from
-///   `spawn_with_handle` whose future was dropped this way panics when
-///   polled, as with every `futures` executor.
-///
-/// A panic in a spawned future is caught: the future is dropped, the worker
-/// goes on, and [`ExecutorStats::spawned`](crate::ExecutorStats::spawned)
-/// counts it (with the `tracing` feature, a WARN event reports it).
-/// `spawn_with_handle` reports it to the handle instead.
-///
-/// ```
-/// use futures::task::SpawnExt;
-/// use keyed_executor::KeyedExecutor;
-///
-/// let executor = KeyedExecutor::builder().workers(2).build()?;
-/// let handle = executor.spawn_with_handle(async { 6 * 7 })?;
-/// assert_eq!(futures::executor::block_on(handle), 42);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-///
-/// For futures that must run **one at a time per key**, use a dispatcher
-/// whose handler is the future itself:
-///
-/// ```
-/// use futures::future::BoxFuture;
-/// use keyed_executor::{handler, KeyedExecutor};
-///
-/// let executor = KeyedExecutor::builder().workers(2).build()?;
-/// let jobs = executor
-///     .dispatcher(handler::from_async_fn(|_key: u64, job: BoxFuture<'static, u32>| job))
-///     .receiver(64)?;
-/// let done = jobs.submit_blocking(7, Box::pin(async { 1 + 1 }))?;
-/// assert_eq!(done.wait()?, 2);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-impl Spawn for KeyedExecutor {
-    fn spawn_obj(&self, future: FutureObj<'static, ()>) -> Result<(), SpawnError> {
-        spawn(self.shared(), future)
-    }
-
-    fn status(&self) -> Result<(), SpawnError> {
-        if self.is_shutdown() {
-            Err(SpawnError::shutdown())
-        } else {
-            Ok(())
-        }
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::pool::executor::KeyedExecutor;
+    use futures_task::Spawn;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc as StdArc;
     use std::time::Duration;

@@ -1,4 +1,5 @@
-//! Snapshots of the executor's counters, for tests and users' metrics.
+//! Snapshots of the executor's counters, for tests and users' metrics,
+//! and the report of a slow step: plain types, nothing of the pool's.
 
 use std::time::Duration;
 
@@ -87,6 +88,30 @@ pub struct CurrentStep {
     pub key_hash: u64,
     /// How long it has been running.
     pub running_for: Duration,
+}
+
+/// A step that ran longer than the executor's
+/// [`slow_step`](crate::Builder::slow_step) threshold, as given to the
+/// [`on_slow_step`](crate::Builder::on_slow_step) hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SlowStep {
+    /// The dispatcher's [name](crate::DispatcherBuilder::name) (`"?"` in
+    /// the rare case it was dropped before the report was made).
+    pub dispatcher: String,
+    /// The key's hash (the dispatcher's hasher): the same value the
+    /// `tracing` feature's `message` span carries as `key_hash`.
+    pub key_hash: u64,
+    /// The worker that ran it (`{thread_name}-{worker}`).
+    pub worker: usize,
+    /// How long it ran: its whole duration if it had ended when it was
+    /// reported (`finished`), else how long it had been running then.
+    /// Always above the threshold.
+    pub running_for: Duration,
+    /// Whether the step had ended when it was reported (reported by its
+    /// own worker) or was still running (reported by another worker or a
+    /// `stats()` caller).
+    pub finished: bool,
 }
 
 /// One dispatcher's part of a snapshot.

@@ -1,8 +1,7 @@
 //! Steal: an idle worker takes one task waiting behind another worker's
 //! step, or the rest of a port's turn that a stuck step holds up.
 
-use crate::pool::dispatcher::StopTarget;
-use crate::pool::shared::Shared;
+use crate::pool::shared::{Shared, StopTarget};
 use crate::pool::task::Task;
 use crate::pool::worker::{Worker, WorkerCx};
 use crate::sync::atomic::Ordering::*;

@@ -1,5 +1,6 @@
 //! The type-erased faces of a dispatcher: the port task (`Runnable`),
-//! what the executor sees (`StopTarget`) and what a receiver sees (`Core`).
+//! what the executor sees (`StopTarget`, declared with the registry in
+//! `shared.rs`) and what a receiver sees (`Core`).
 
 use crate::completion::{Outcome, Reply};
 use crate::pool::handler::Handler;
@@ -8,7 +9,7 @@ use crate::pool::observe::Identity;
 #[cfg(not(loom))]
 use crate::pool::receiver::WeakCore;
 use crate::pool::receiver::{Batch, Core};
-use crate::pool::shared::Shared;
+use crate::pool::shared::{Shared, StopTarget};
 use crate::pool::source::SourceRef;
 use crate::pool::task::{Runnable, Task};
 use crate::pool::worker::WorkerCx;
@@ -42,38 +43,6 @@ where
         }
         drop(this);
     }
-}
-
-/// What the executor needs from every dispatcher, whatever its types.
-pub(crate) trait StopTarget: Send + Sync + 'static {
-    /// Force stop: take every mailbox out of its port, reject its queue on
-    /// this thread and cancel its suspended future.
-    fn force_drain(&self) -> usize;
-    /// (mailboxes with work, idle mailboxes kept for reuse, map entries).
-    fn count_mailboxes(&self) -> (usize, usize, usize);
-    /// Messages in the inboxes of this dispatcher's ports homed on worker
-    /// `worker`.
-    fn inbox_len(&self, worker: usize) -> usize;
-    /// Whether one of its ports whose turn runs on a worker other than
-    /// `me` has deliveries waiting in its inbox (a backlog `me` cannot take).
-    fn backlog_beside(&self, me: usize) -> bool;
-    /// Nothing of the dispatcher is in flight (see `is_quiet`).
-    fn is_quiet(&self) -> bool;
-    /// Frees its spare mailboxes (it is leaving the registry).
-    fn release_spares(&self);
-    /// A steal of the turn of a port whose worker `stuck` runs its turn with
-    /// deliveries waiting (see "Stealing a turn" in `port.rs`).
-    fn steal_turn(&self, stuck: usize) -> Option<Task>;
-    /// Worker `cx` (idle) takes a slice of the backlog of a port whose
-    /// turn runs on another worker (see `slice.rs`); true if it did.
-    fn steal_slice(&self, cx: &WorkerCx<'_>) -> bool;
-    /// Whether one of its ports is queued or running (SeqCst loads; see
-    /// "Why no wake-up is lost" in `conserve/mod.rs`).
-    fn any_port_busy(&self) -> bool;
-    fn id(&self) -> u64;
-    /// Its name and metrics handles.
-    fn ident(&self) -> &Identity;
-    fn clone_box(&self) -> Box<dyn StopTarget>;
 }
 
 pub(super) struct Target<K, M, H: Handler<K, M>, S>(pub(super) Arc<DispatcherInner<K, M, H, S>>);

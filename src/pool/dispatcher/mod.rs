@@ -24,7 +24,9 @@
 //! - `keys.rs`: the key map, and a drained mailbox's retirement.
 //! - `outcome.rs`: how a message ends, and what that gives back.
 //! - `stop.rs`: source stops and the force stop; the races the gate decides.
-//! - `erased.rs`: the type-erased faces: `Runnable`, `StopTarget`, `Core`.
+//! - `erased.rs`: the type-erased faces it implements: `Runnable`
+//!   (declared in `task.rs`), `StopTarget` (`shared.rs`), `Core`
+//!   (`receiver/`).
 
 mod erased;
 mod hasher;
@@ -37,7 +39,6 @@ mod stop;
 mod submit;
 mod turn;
 
-pub(crate) use erased::StopTarget;
 pub use hasher::{DefaultHashBuilder, DefaultHasher};
 
 use std::fmt;
@@ -46,7 +47,6 @@ use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use crate::error::{ConfigError, Panic};
-use crate::pool::executor::KeyedExecutor;
 use crate::pool::handler::Handler;
 use crate::pool::mailbox::Mailbox;
 use crate::pool::observe::Identity;
@@ -121,8 +121,8 @@ where
 ///
 /// `K` is the key, `M` the message and `O` the handler's output. Clones share
 /// the same mailboxes. A dispatcher does not keep the executor's workers
-/// alive: once the last [`KeyedExecutor`] handle is dropped, it refuses new
-/// messages.
+/// alive: once the last [`KeyedExecutor`](crate::KeyedExecutor) handle is
+/// dropped, it refuses new messages.
 ///
 /// ```
 /// use keyed_executor::{handler, KeyedExecutor};
@@ -287,7 +287,7 @@ impl<K, M, O> fmt::Debug for Dispatcher<K, M, O> {
 }
 
 /// Configures a [`Dispatcher`]: hooks and the key hasher. Made by
-/// [`KeyedExecutor::dispatcher_builder`].
+/// [`KeyedExecutor::dispatcher_builder`](crate::KeyedExecutor::dispatcher_builder).
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
@@ -306,7 +306,8 @@ impl<K, M, O> fmt::Debug for Dispatcher<K, M, O> {
 /// ```
 #[must_use = "a builder does nothing until `build()` is called"]
 pub struct DispatcherBuilder<'e, K, M, H, S = DefaultHashBuilder> {
-    executor: &'e KeyedExecutor,
+    /// The executor's state, borrowed from the `KeyedExecutor` handle.
+    shared: &'e Arc<Shared>,
     handler: H,
     hasher: S,
     on_reject: Option<RejectHook<K, M>>,
@@ -326,9 +327,9 @@ impl<K, M, H, S> fmt::Debug for DispatcherBuilder<'_, K, M, H, S> {
 }
 
 impl<'e, K, M, H> DispatcherBuilder<'e, K, M, H, DefaultHashBuilder> {
-    pub(crate) fn new(executor: &'e KeyedExecutor, handler: H) -> Self {
+    pub(crate) fn new(shared: &'e Arc<Shared>, handler: H) -> Self {
         DispatcherBuilder {
-            executor,
+            shared,
             handler,
             hasher: DefaultHashBuilder::new(),
             on_reject: None,
@@ -389,7 +390,7 @@ where
         S2: BuildHasher + Clone + Send + Sync + 'static,
     {
         DispatcherBuilder {
-            executor: self.executor,
+            shared: self.shared,
             handler: self.handler,
             hasher,
             on_reject: self.on_reject,
@@ -401,7 +402,7 @@ where
 
     /// Creates the dispatcher on the executor's workers.
     pub fn build(self) -> Dispatcher<K, M, H::Output> {
-        let shared = self.executor.shared().clone();
+        let shared = self.shared.clone();
         let id = shared.next_dispatcher_id();
         let inner = Arc::new(DispatcherInner {
             shared: shared.clone(),
