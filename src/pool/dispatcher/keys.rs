@@ -228,7 +228,7 @@ where
     /// Under the gate, a delivery just taken off port's inbox: handed
     /// over if its source is stopping, into its key's mailbox if it has
     /// one, else `Absent`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn sort(
         gate: &Gate<K, M, H, S>,
         delivery: Delivery<K, M, H::Output>,
