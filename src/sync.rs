@@ -242,40 +242,6 @@ mod imp {
         pub(crate) fn len(&self) -> usize {
             self.0.len()
         }
-
-        /// Moves up to `limit` values (the oldest first) into `dest` and
-        /// returns the first: one compare-exchange for the whole batch
-        /// instead of one per value.
-        #[inline]
-        pub(crate) fn pop_batch_into(&self, dest: &LocalFifo<T>, limit: usize) -> Option<T> {
-            loop {
-                match self.0.steal_batch_with_limit_and_pop(&dest.0, limit) {
-                    crossbeam_deque::Steal::Success(v) => return Some(v),
-                    crossbeam_deque::Steal::Empty => return None,
-                    crossbeam_deque::Steal::Retry => core::hint::spin_loop(),
-                }
-            }
-        }
-    }
-
-    /// A single-owner FIFO buffer that [`Queue::pop_batch_into`] fills
-    /// (`Send`, not `Sync`: keep it behind a lock or on one thread).
-    pub(crate) struct LocalFifo<T>(crossbeam_deque::Worker<T>);
-
-    impl<T> LocalFifo<T> {
-        pub(crate) fn new() -> Self {
-            LocalFifo(crossbeam_deque::Worker::new_fifo())
-        }
-
-        #[inline]
-        pub(crate) fn pop(&self) -> Option<T> {
-            self.0.pop()
-        }
-
-        #[inline]
-        pub(crate) fn is_empty(&self) -> bool {
-            self.0.is_empty()
-        }
     }
 
     /// A worker's own run queue (FIFO): its owner pushes and pops at no
@@ -571,37 +537,6 @@ mod imp {
 
         pub(crate) fn len(&self) -> usize {
             self.0.lock().len()
-        }
-
-        /// Moves up to `limit` values into `dest`, returning the first.
-        pub(crate) fn pop_batch_into(&self, dest: &LocalFifo<T>, limit: usize) -> Option<T> {
-            let mut q = self.0.lock();
-            let first = q.pop_front()?;
-            let mut d = dest.0.borrow_mut();
-            for _ in 1..limit {
-                match q.pop_front() {
-                    Some(v) => d.push_back(v),
-                    None => break,
-                }
-            }
-            Some(first)
-        }
-    }
-
-    /// The single-owner buffer [`Queue::pop_batch_into`] fills.
-    pub(crate) struct LocalFifo<T>(std::cell::RefCell<VecDeque<T>>);
-
-    impl<T> LocalFifo<T> {
-        pub(crate) fn new() -> Self {
-            LocalFifo(std::cell::RefCell::new(VecDeque::new()))
-        }
-
-        pub(crate) fn pop(&self) -> Option<T> {
-            self.0.borrow_mut().pop_front()
-        }
-
-        pub(crate) fn is_empty(&self) -> bool {
-            self.0.borrow().is_empty()
         }
     }
 
