@@ -1,7 +1,7 @@
 //! Steal: an idle worker takes one task waiting behind another worker's
 //! step, or the rest of a port's turn that a stuck step holds up.
 
-use crate::pool::shared::{Shared, StopTarget};
+use crate::pool::shared::Shared;
 use crate::pool::task::Task;
 use crate::pool::worker::{Worker, WorkerCx};
 use crate::sync::atomic::Ordering::*;
@@ -21,12 +21,8 @@ impl Shared {
     /// deliveries waiting (any dispatcher's), if there is one.
     #[cold]
     pub(crate) fn steal_turn(&self, stuck: usize) -> Option<Task> {
-        // Out of the registry's lock: a watch takes ports' gates.
-        let targets: Vec<Box<dyn StopTarget>> = {
-            let registry = self.registry.lock();
-            registry.targets.iter().map(|t| t.clone_box()).collect()
-        };
-        targets.iter().find_map(|t| t.steal_turn(stuck))
+        // Out of the registry's lock: a steal takes ports' gates.
+        self.targets().iter().find_map(|t| t.steal_turn(stuck))
     }
 }
 
@@ -36,8 +32,7 @@ impl Shared {
     #[cold]
     pub(crate) fn steal_slice(&self, cx: &WorkerCx<'_>) -> bool {
         // Out of the registry's lock: a slice takes ports' gates.
-        let targets = self.targets();
-        targets.iter().any(|t| t.steal_slice(cx))
+        self.targets().iter().any(|t| t.steal_slice(cx))
     }
 }
 
