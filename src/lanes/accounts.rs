@@ -2,9 +2,11 @@
 //! and the closed flag, in one word, plus the node's shared
 //! [`InFlightLimit`].
 //!
-//! The word is `CLOSED | count`. Entering is one `fetch_add` that also reads
-//! the flag; closing is one `fetch_or` that also reads the count; so a command
-//! racing `close` either sees the flag (and backs out) or is counted before
+//! The word is `CLOSED | count`. Entering is a compare-exchange that counts
+//! the command only if the flag is clear; closing is one `fetch_or` that also
+//! reads the count; so a command racing `close` either sees the flag (and is
+//! refused, never counted: a closed `Lanes` reads zero in flight once its
+//! commands finished, whatever callers still knock) or is counted before
 //! `close` reads the count (and `close` waits for it). Releasing is one
 //! `fetch_sub`; the release that brings a closed count to zero reports it, so
 //! the closer is woken exactly when the last command finishes.
@@ -18,8 +20,8 @@ const CLOSED: usize = 1 << (usize::BITS - 1);
 #[must_use]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refused {
-    /// The `Lanes` is closed. `drained`: backing out brought the count to
-    /// zero, so the closer must be woken.
+    /// The `Lanes` is closed; nothing was counted, so `drained` is false
+    /// (kept so that both refusals are handled alike).
     Closed { drained: bool },
     /// The in-flight limit is exhausted (nothing is counted). `drained` as
     /// for `Closed` (a `close` may have come in while backing out).
@@ -42,10 +44,20 @@ impl Accounts {
 
     /// Counts one command in, unless closed or over the limit.
     pub(crate) fn enter(&self) -> Result<(), Refused> {
-        let prev = self.word.fetch_add(1, Ordering::SeqCst);
-        if prev & CLOSED != 0 {
-            let drained = self.release_word(1);
-            return Err(Refused::Closed { drained });
+        let mut cur = self.word.load(Ordering::SeqCst);
+        loop {
+            if cur & CLOSED != 0 {
+                // Not counted (a count taken and given back here would show
+                // in `in_flight` after `close` saw zero).
+                return Err(Refused::Closed { drained: false });
+            }
+            match self
+                .word
+                .compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
         }
         if !self.limit.try_acquire() {
             let drained = self.release_word(1);
