@@ -388,7 +388,10 @@ pub(crate) struct SourceGuard(SourceRef);
 impl SourceGuard {
     /// Pins `source` unless it is being freed.
     pub(crate) fn new(source: SourceRef) -> Option<Self> {
-        source.try_add_ref().then_some(SourceGuard(source))
+        // `then`, not `then_some`: the latter builds the guard even when no
+        // count was taken, and its drop then gives back a count it never
+        // had (the word of a source being freed went below zero).
+        source.try_add_ref().then(|| SourceGuard(source))
     }
 }
 
@@ -423,6 +426,21 @@ pub(super) mod tests {
             },
             None,
         )
+    }
+
+    #[test]
+    fn a_guard_of_a_source_being_freed_touches_nothing() {
+        let h = source(4, 1024);
+        let word = &h.source().hot.word;
+        // As while the last handle's `drop_ref` frees it: the word is zero.
+        let was = word.swap(0, SeqCst);
+        assert!(SourceGuard::new(h.as_ref()).is_none());
+        assert_eq!(word.load(SeqCst), 0, "a refused guard gave back a count");
+        word.store(was, SeqCst);
+        let g = SourceGuard::new(h.as_ref()).expect("a live source is pinned");
+        assert_eq!(word.load(SeqCst), was + HANDLE);
+        drop(g);
+        assert_eq!(word.load(SeqCst), was);
     }
 
     #[test]
