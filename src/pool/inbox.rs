@@ -180,8 +180,9 @@ impl<T, const CAP: usize> Inbox<T, CAP> {
         self.push_stamped(value, crate::pool::metrics::Stamp::NONE);
     }
 
-    /// Appends `value` with its metrics stamp (any thread).
-    #[inline]
+    /// Appends `value` with its metrics stamp (any thread). Inlined into
+    /// the submitter: as a call, the value was moved once more.
+    #[inline(always)]
     pub(crate) fn push_stamped(&self, value: T, stamp: crate::pool::metrics::Stamp) {
         let mut spare: Option<*mut Block<T, CAP>> = None;
         let mut index = self.tail.index.load(Acquire);

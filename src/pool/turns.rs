@@ -12,31 +12,33 @@
 //!
 //! A count is read and written on every message a port runs lent, so it
 //! must cost a few instructions and a line of L1, whatever the number of
-//! keys a turn runs. The counts live in a *sketch* per parity of the
-//! worker's task number (a count-min sketch with conservative updates):
-//! [`ROWS`] rows of [`WIDTH`] 8-bit counters, a key (its hash, mixed with
-//! its port: a worker serves the ports of many dispatchers) picking one
-//! counter per row. A key's count is the least of its counters; writing
-//! count `n` raises each of its counters to at least `n`. Other keys may
-//! only *raise* a counter, so a count read is never less than the key's
-//! own — at worst a key is found spent a little early and gets a mailbox
-//! (the fairness bound holds either way), never late. With a turn's few
-//! hundred keys over 2 × 4,096 counters, a key's count is exact unless
-//! another key shares both of its counters (about one key in 75 when the
-//! two tasks ran 500 keys each: its count then reads one high).
+//! keys a turn runs. The counts live in one table a worker (a count-min
+//! sketch with conservative updates): [`ROWS`] rows of [`WIDTH`] counters,
+//! a key (its hash, mixed with its port: a worker serves the ports of many
+//! dispatchers) picking one counter per row. A counter holds a count and
+//! the task that wrote it (its *stamp*); read in task `t`, a counter
+//! stamped `t` or `t - 1` gives its count, any other reads zero. A key's
+//! count is the least of its counters; writing count `n` in task `t` sets
+//! each of its counters to the larger of `n` and what it read, stamped
+//! `t`. Other keys may only *raise* a counter (or carry it, restamped, into
+//! the next task), so a count read is never less than the key's own — at
+//! worst a key is found spent a little early and gets a mailbox (the
+//! fairness bound holds either way), never late. With a turn's few hundred
+//! keys over 2 × 4,096 counters, a key's count is exact unless another key
+//! shares both of its counters (about one key in 75 when the two tasks ran
+//! 500 keys each: its count then reads one high).
 //!
-//! The sketch of task `t` is emptied when task `t` first writes to it
-//! (it held task `t - 2`'s counts) by moving to a new generation: each
-//! counter carries the generation that wrote it, and one of another
-//! generation reads zero; every 255 generations the counters are zeroed.
-//! A counter stops at 255, and a key read there counts as spent whatever
-//! the `throughput` (a larger `throughput` then lets a key without a
-//! mailbox run 255 messages lent, and the rest of its turn in a mailbox).
-//! The sketches are a fixed 32 KiB a worker: a burst of keys grows
-//! nothing.
+//! Nothing is emptied between tasks: the stamp does it. A stamp keeps the
+//! low 24 bits of the task number, so a counter untouched for exactly a
+//! multiple of 2²⁴ tasks reads as fresh again — a count too high, never
+//! too low. A counter stops at 255, and a key read there counts as spent
+//! whatever the `throughput` (a larger `throughput` then lets a key without
+//! a mailbox run 255 messages lent, and the rest of its turn in a mailbox).
+//! The table is a fixed 32 KiB a worker: a burst of keys grows nothing;
+//! one read is two loads and two compares, one write two stores.
 //!
-//! The sketches belong to the worker's thread (`WorkerCx`), not to a port:
-//! one pair per worker, whatever the number of dispatchers.
+//! The table belongs to the worker's thread (`WorkerCx`), not to a port:
+//! one per worker, whatever the number of dispatchers.
 
 /// Counters a row (a power of two).
 const WIDTH: usize = 4096;
@@ -50,79 +52,41 @@ const _: () = assert!(WIDTH.is_power_of_two());
 /// `throughput` (`spent` says `u32::MAX`).
 const SATURATED: u32 = u8::MAX as u32;
 
+/// The bits of a task number a counter's stamp keeps.
+const STAMP_MASK: u32 = (1 << 24) - 1;
+
 /// See the module docs.
 pub(crate) struct Turns {
-    sketches: [Sketch; 2],
+    /// Row `r`'s counters at `r * WIDTH ..`; each is a [`Counter`].
+    counters: Box<[Counter; WIDTH * ROWS]>,
 }
 
-struct Sketch {
-    /// The task whose counts it holds.
-    tick: u32,
-    /// The generation of its counters (see [`Cell`]); never 0.
-    generation: u8,
-    counters: Box<[Cell; WIDTH * ROWS]>,
-}
-
-/// A counter: its count in the low byte, the generation that wrote it in
-/// the high byte (a counter of another generation reads zero).
-type Cell = u16;
+/// A counter: its count in the low byte, the low 24 bits of the task
+/// that wrote it (its stamp) above.
+type Counter = u32;
 
 /// Where a key's counters are, one per row (see [`Turns::seat`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Seat([usize; ROWS]);
 
-impl Sketch {
-    fn new() -> Self {
-        Sketch {
-            tick: u32::MAX,
-            generation: 1,
-            counters: Box::new([0; WIDTH * ROWS]),
-        }
-    }
-
-    #[inline]
-    fn read(&self, cell: usize) -> u32 {
-        let c = self.counters[cell % (WIDTH * ROWS)];
-        if (c >> 8) as u8 == self.generation {
-            u32::from(c as u8)
-        } else {
-            0
-        }
-    }
-
-    #[inline]
-    fn count(&self, seat: Seat) -> u32 {
-        self.read(seat.0[0]).min(self.read(seat.0[1]))
-    }
-
-    /// Raises the key's counters to at least `n`.
-    #[inline]
-    fn raise(&mut self, seat: Seat, n: u32) {
-        let n = n.min(SATURATED);
-        let cell = (u16::from(self.generation) << 8) | n as u16;
-        for &c in &seat.0 {
-            if self.read(c) < n {
-                self.counters[c % (WIDTH * ROWS)] = cell;
-            }
-        }
-    }
-
-    /// Empties it for task `tick`: a new generation (every counter of the
-    /// old one reads zero), all counters zeroed when the generation wraps.
-    fn begin(&mut self, tick: u32) {
-        self.tick = tick;
-        self.generation = self.generation.wrapping_add(1);
-        if self.generation == 0 {
-            self.counters.fill(0);
-            self.generation = 1;
-        }
+/// The count of `c` read in task `tick`: zero unless stamped `tick` or
+/// `tick - 1`.
+#[inline(always)]
+fn read(c: Counter, tick: u32) -> u32 {
+    // How many tasks ago it was written, modulo 2^24: 0 or 1 reads.
+    let age = tick.wrapping_sub(c >> 8) & STAMP_MASK;
+    if age <= 1 {
+        c & 0xFF
+    } else {
+        0
     }
 }
 
 impl Turns {
     pub(crate) fn new() -> Self {
         Turns {
-            sketches: [Sketch::new(), Sketch::new()],
+            // Stamp 0, count 0: reads zero in any task.
+            counters: Box::new([0; WIDTH * ROWS]),
         }
     }
 
@@ -145,16 +109,9 @@ impl Turns {
     /// module docs); `u32::MAX` at the counters' ceiling.
     #[inline]
     pub(crate) fn spent(&self, seat: Seat, tick: u32) -> u32 {
-        // The larger of the two: a key that ran in this task carried its
-        // count from the task before into this one, and another key's
-        // counters may raise this task's reading but never lower it.
-        let mut n = 0;
-        for t in [tick, tick.wrapping_sub(1)] {
-            let sketch = &self.sketches[(t & 1) as usize];
-            if sketch.tick == t {
-                n = n.max(sketch.count(seat));
-            }
-        }
+        let c = &self.counters;
+        let n = read(c[seat.0[0] % (WIDTH * ROWS)], tick)
+            .min(read(c[seat.0[1] % (WIDTH * ROWS)], tick));
         if n >= SATURATED {
             u32::MAX
         } else {
@@ -166,15 +123,18 @@ impl Turns {
     /// (or goes on) in task `tick`.
     #[inline]
     pub(crate) fn record(&mut self, seat: Seat, spent: u32, tick: u32) {
-        let sketch = &mut self.sketches[(tick & 1) as usize];
-        if sketch.tick != tick {
-            sketch.begin(tick);
+        let n = spent.min(SATURATED);
+        let stamp = (tick & STAMP_MASK) << 8;
+        for &at in &seat.0 {
+            let c = &mut self.counters[at % (WIDTH * ROWS)];
+            // Restamped even when not raised: another key's count read in
+            // this task must still read in the next.
+            *c = stamp | read(*c, tick).max(n);
         }
-        sketch.raise(seat, spent);
     }
 }
 
-// Not under Miri: this file has no `unsafe`, and its tests walk sketches of
+// Not under Miri: this file has no `unsafe`, and its tests walk tables of
 // thousands of counters, which Miri runs for minutes.
 #[cfg(all(test, not(loom), not(miri)))]
 mod tests {
@@ -255,14 +215,35 @@ mod tests {
     }
 
     #[test]
-    fn a_generation_that_wraps_zeroes_the_counters() {
+    fn stamps_carry_across_the_task_numbers_wrap() {
         let mut turns = Turns::new();
-        record(&mut turns, 1, 9, 4, 0);
-        for tick in (2..600).step_by(2) {
-            record(&mut turns, 1, 10, 1, tick);
-            assert_eq!(spent(&turns, 1, 9, tick), 0, "task {tick}");
-            assert_eq!(spent(&turns, 1, 10, tick), 1);
+        record(&mut turns, 1, 9, 4, u32::MAX);
+        assert_eq!(spent(&turns, 1, 9, 0), 4, "task 0 follows task u32::MAX");
+        assert_eq!(spent(&turns, 1, 9, 1), 0);
+        // The stamp keeps 24 bits: the counter reads zero until tasks come
+        // round to a number with the same low 24 bits.
+        record(&mut turns, 1, 10, 2, 5);
+        for tick in [7, 1 << 20, (1 << 24) + 2] {
+            assert_eq!(spent(&turns, 1, 10, tick), 0, "task {tick}");
         }
+        assert_eq!(
+            spent(&turns, 1, 10, (1 << 24) + 5),
+            2,
+            "too high, never short"
+        );
+    }
+
+    #[test]
+    fn another_keys_count_carried_into_the_next_task_is_never_short() {
+        // Two keys sharing both counters: the second's record in task 3
+        // must carry the first's count on (restamped), or the first would
+        // read short in task 4.
+        let mut turns = Turns::new();
+        let seat = Turns::seat(1, 42);
+        turns.record(seat, 5, 2);
+        turns.record(seat, 1, 3);
+        assert_eq!(turns.spent(seat, 3), 5);
+        assert_eq!(turns.spent(seat, 4), 5);
     }
 
     #[test]

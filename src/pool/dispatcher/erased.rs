@@ -278,7 +278,7 @@ where
         &self.ident
     }
 
-    #[inline]
+    #[inline(always)]
     fn finish(
         &self,
         key: &K,
@@ -288,6 +288,17 @@ where
         outcome: Outcome<H::Output, M>,
     ) {
         DispatcherInner::finish(self, key, reply, held, cx, outcome)
+    }
+
+    #[inline(always)]
+    fn finish_ok(
+        &self,
+        reply: Option<Arc<Reply<H::Output, M>>>,
+        held: Held,
+        cx: &WorkerCx<'_>,
+        output: H::Output,
+    ) {
+        DispatcherInner::finish_ok(self, reply, held, cx, output)
     }
 
     fn cancelled(&self, worker: usize) {

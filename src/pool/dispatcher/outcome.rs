@@ -37,7 +37,7 @@ where
     /// A message of this dispatcher ended (finished, failed, handed back or
     /// cancelled): records how at its position, gives back its unit
     /// (batched on a worker if `batched`) and drops its handle count on its source.
-    #[inline]
+    #[inline(always)]
     pub(super) fn end(&self, held: Held, ended: Ended, cx: Option<&WorkerCx<'_>>, batched: bool) {
         let source = held.source.get();
         source.record(held.position(), ended);
@@ -104,7 +104,9 @@ where
     }
 
     /// Delivers a finished message's outcome, records it at its position
-    /// and returns its credit.
+    /// and returns its credit. Inlined: it is the end of every message a
+    /// worker runs, and as a call it moved the outcome through memory.
+    #[inline(always)]
     pub(crate) fn finish(
         &self,
         key: &K,
@@ -113,15 +115,15 @@ where
         cx: Option<&WorkerCx<'_>>,
         outcome: Outcome<H::Output, M>,
     ) {
+        let outcome = match (outcome, cx) {
+            (Ok(output), Some(cx)) => return self.finish_ok(reply, held, cx, output),
+            (outcome, _) => outcome,
+        };
         if let Some(cx) = cx {
             let counters = &self.shared.workers[cx.index].counters;
             match &outcome {
-                // Only this worker's thread writes these two: no RMW needed.
-                Ok(_) => {
-                    let done = counters.done.load(Relaxed) + 1;
-                    counters.done.store(done, Relaxed);
-                    crate::pool::metrics::done(Some(cx), &self.ident.metrics, done);
-                }
+                // On a worker: `finish_ok`.
+                Ok(_) => {}
                 Err(TaskError::Panicked(p)) => {
                     trace::handler_panicked(&self.ident.name, cx.index, p);
                     counters
@@ -170,6 +172,38 @@ where
                 // Nobody watches a fire-and-forget message finish: its unit
                 // may come back in a small batch (see `WorkerCx::pending`).
                 self.end(held, ended, cx, true);
+            }
+        }
+    }
+
+    /// [`finish`](Self::finish) of a message that ended with its handler's
+    /// output, on a worker: the common end, given the output alone (the
+    /// whole `Outcome`, with its error variants, is several words to move).
+    #[inline(always)]
+    pub(crate) fn finish_ok(
+        &self,
+        reply: Option<Arc<Reply<H::Output, M>>>,
+        held: Held,
+        cx: &WorkerCx<'_>,
+        output: H::Output,
+    ) {
+        let counters = &self.shared.workers[cx.index].counters;
+        // Only this worker's thread writes it: no RMW needed.
+        let done = counters.done.load(Relaxed) + 1;
+        counters.done.store(done, Relaxed);
+        crate::pool::metrics::done(Some(cx), &self.ident.metrics, done);
+        match reply {
+            Some(slot) => {
+                // As in `finish`: the unit back before the completion resolves.
+                self.end(held, Ended::Finished, Some(cx), false);
+                slot.complete(Ok(output));
+            }
+            None => {
+                // Dropping the output is user code: contained, here.
+                if std::mem::needs_drop::<H::Output>() {
+                    let _ = catch_unwind(AssertUnwindSafe(move || drop(output)));
+                }
+                self.end(held, Ended::Finished, Some(cx), true);
             }
         }
     }

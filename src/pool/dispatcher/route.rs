@@ -40,11 +40,19 @@ where
     /// Port `p`, made now if this is its first delivery. A port made after
     /// a force stop began is closed at once (the stop's walk may have
     /// passed its pointer; see `force_drain`).
-    #[inline]
+    #[inline(always)]
     pub(super) fn port(&self, p: usize) -> &Port<K, M, H, S> {
-        if let Some(port) = self.ports.get(p) {
-            return port;
+        match self.ports.get(p) {
+            Some(port) => port,
+            None => self.make_port(p),
         }
+    }
+
+    /// [`port`](Self::port) on its first delivery: out of line, once a
+    /// port.
+    #[cold]
+    #[inline(never)]
+    fn make_port(&self, p: usize) -> &Port<K, M, H, S> {
         let workers = self.shared.workers.len();
         let port = self
             .ports

@@ -32,6 +32,9 @@ where
     /// taken so far has ended; so a message either sees the flag and is
     /// refused (its position recorded as returned: the commit point never
     /// passes a message that did not run), or is waited for.
+    ///
+    /// Inlined into the receiver's erased handle, whose call it is.
+    #[inline(always)]
     pub(super) fn enqueue(
         this: &Arc<Self>,
         key: K,
@@ -75,7 +78,7 @@ where
     /// (see "Stealing a turn" in `port.rs`). It only makes sure one of them
     /// will watch again: if every idle one sleeps, one is called (see "Why
     /// no wake-up is lost" in `conserve/mod.rs`).
-    #[inline]
+    #[inline(always)]
     pub(super) fn schedule_port(this: &Arc<Self>, p: usize) {
         let port = this.ports.made(p);
         if port.state.schedule() == Schedule::Queue {
@@ -93,7 +96,7 @@ where
     /// there — with work conservation off, only if it is the port's home
     /// already), else on the port's home, waking it if it sleeps, or on an
     /// idle worker if the home runs a step (see `Shared::schedule`).
-    #[inline]
+    #[inline(never)]
     pub(super) fn queue_port(this: &Arc<Self>, p: usize) {
         let port = this.ports.made(p);
         let mut task = Some(Task::tagged(this.clone(), p));

@@ -67,12 +67,6 @@ pub(super) const GATE_HOLD: usize = 64;
 /// What a turn does with its gate let go, decided while it was held
 /// (see `DispatcherInner::decide` and `after_lent`).
 enum Act<K, M, H: Handler<K, M>, S> {
-    /// Nothing: the gate is let go for a moment (every `GATE_HOLD`
-    /// deliveries).
-    LetGo,
-    /// A delivery sorted under the gate (handed back, failed, or a new
-    /// mailbox to queue; see `keys.rs`).
-    Settle(Settle<K, M, H, S>),
     /// Run the delivery lent the loaner (assigned and lent already).
     RunLent {
         loaner: MailboxRef<K, M, H, S>,
@@ -81,13 +75,8 @@ enum Act<K, M, H: Handler<K, M>, S> {
         seat: Seat,
         spent: u32,
     },
-    /// A lent step finished: drop its key (user code).
-    DropKey(Option<K>),
-    /// A lent step is pending: suspend its loaner, now its key's mailbox
-    /// (or, the port closed, cancel it).
-    Suspend(MailboxRef<K, M, H, S>),
-    /// A lent step is pending but its key could not join the map.
-    Stray(MailboxRef<K, M, H, S>, Panic),
+    /// Something rarer, done out of line (`DispatcherInner::aside`).
+    Aside(Aside<K, M, H, S>),
     /// The turn was stolen during a lent step: go on as the key's mailbox
     /// (`left`: what remains of its `throughput`).
     Stolen {
@@ -98,6 +87,23 @@ enum Act<K, M, H: Handler<K, M>, S> {
     /// The turn is over; `more`: it stopped at its mark with deliveries
     /// maybe left.
     End { more: bool },
+}
+
+/// The acts of a turn off its common path.
+enum Aside<K, M, H: Handler<K, M>, S> {
+    /// Nothing: the gate is let go for a moment (every `GATE_HOLD`
+    /// deliveries).
+    LetGo,
+    /// A delivery sorted under the gate (handed back, failed, or a new
+    /// mailbox to queue; see `keys.rs`).
+    Settle(Settle<K, M, H, S>),
+    /// A lent step finished: drop its key (user code).
+    DropKey(Option<K>),
+    /// A lent step is pending: suspend its loaner, now its key's mailbox
+    /// (or, the port closed, cancel it).
+    Suspend(MailboxRef<K, M, H, S>),
+    /// A lent step is pending but its key could not join the map.
+    Stray(MailboxRef<K, M, H, S>, Panic),
 }
 
 /// A lent step that came back, to decide on under the gate.
@@ -210,13 +216,10 @@ where
                 Some(act) => act,
                 None => Self::decide(this, port, &mut gate, &mut turn, cx),
             };
-            if let Act::End { more } = act {
-                break more;
-            }
-            drop(gate);
             match act {
-                Act::End { .. } | Act::LetGo => {}
-                Act::Settle(settle) => Self::settle(this, settle, cx),
+                Act::End { more } => break more,
+                // The common path first, moved whole (no drop of a
+                // half-moved `Act` on every message).
                 Act::RunLent {
                     loaner,
                     env,
@@ -224,6 +227,7 @@ where
                     seat,
                     spent,
                 } => {
+                    drop(gate);
                     cx.step();
                     // SAFETY: the loaner is ours (`RUNNING`), with a key, no future.
                     let step = unsafe { Mailbox::start(&loaner, env, stamp, cx) };
@@ -234,12 +238,8 @@ where
                         spent,
                     });
                 }
-                Act::DropKey(key) => {
-                    let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
-                }
-                Act::Suspend(loaner) => Mailbox::after_pending(loaner, cx),
-                Act::Stray(loaner, panic) => this.stray_pending(loaner, panic, cx),
                 Act::Stolen { loaner, step, left } => {
+                    drop(gate);
                     // The turn is another worker's: go on as the key's
                     // mailbox, and never touch the port's state again.
                     cx.port_turn(false);
@@ -248,6 +248,10 @@ where
                         Step::Pending => Mailbox::after_pending(loaner, cx),
                     }
                     return;
+                }
+                Act::Aside(aside) => {
+                    drop(gate);
+                    Self::aside(this, aside, cx);
                 }
             }
             gate = port.gate.lock();
@@ -287,6 +291,20 @@ where
         }
     }
 
+    /// The rarer acts, with the gate let go.
+    #[inline(never)]
+    fn aside(this: &Arc<Self>, aside: Aside<K, M, H, S>, cx: &WorkerCx<'_>) {
+        match aside {
+            Aside::LetGo => {}
+            Aside::Settle(settle) => Self::settle(this, settle, cx),
+            Aside::DropKey(key) => {
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
+            }
+            Aside::Suspend(loaner) => Mailbox::after_pending(loaner, cx),
+            Aside::Stray(loaner, panic) => this.stray_pending(loaner, panic, cx),
+        }
+    }
+
     /// Under the gate: takes deliveries until one needs the gate let go,
     /// and says what to do then. A delivery for a key with a mailbox joins
     /// its queue here; every other one becomes an [`Act`].
@@ -310,7 +328,7 @@ where
                     // Nothing is lent: the turn cannot be stolen meanwhile.
                     turn.taken = 1;
                     turn.resumed = true;
-                    return Act::LetGo;
+                    return Act::Aside(Aside::LetGo);
                 }
             }
             // Deliveries a source stop took out of the inbox first: they
@@ -331,7 +349,7 @@ where
             };
             let absent = match Self::sort(gate, next.0, next.1) {
                 Sorted::Delivered => continue,
-                Sorted::Settle(settle) => return Act::Settle(settle),
+                Sorted::Settle(settle) => return Act::Aside(Aside::Settle(settle)),
                 Sorted::Absent(absent) => absent,
             };
             // The key has no mailbox: nothing of it waits or runs.
@@ -367,7 +385,9 @@ where
             // Its turn is spent (or a force stop began): it gets a mailbox
             // with this message queued, at the back of the worker's queue,
             // as a mailbox that used up its turn goes.
-            return Act::Settle(Self::new_mailbox(this, gate, turn.p, absent, cx));
+            return Act::Aside(Aside::Settle(Self::new_mailbox(
+                this, gate, turn.p, absent, cx,
+            )));
         }
     }
 
@@ -405,19 +425,25 @@ where
                     None => gate.loaner = Some(loaner),
                     Some(_) => gate.spares.push(loaner),
                 }
-                // The key's `Drop` is user code: out of the gate.
-                std::mem::needs_drop::<K>().then_some(Act::DropKey(key))
+                // The key's `Drop` is user code: out of the gate. (Not
+                // `then_some`: it would build the `Act` and drop it again
+                // on every message of a key without drop glue.)
+                if std::mem::needs_drop::<K>() {
+                    Some(Act::Aside(Aside::DropKey(key)))
+                } else {
+                    None
+                }
             }
             Step::Pending => {
                 // The loaner becomes the key's mailbox. (After a force stop
                 // emptied the port, the runner cancels it.)
                 if !port.state.is_closed() {
                     if let Err(panic) = this.activate(gate, &loaner) {
-                        return Some(Act::Stray(loaner, panic));
+                        return Some(Act::Aside(Aside::Stray(loaner, panic)));
                     }
                     crate::pool::metrics::mailboxes(cx, &this.ident.metrics, 1);
                 }
-                Some(Act::Suspend(loaner))
+                Some(Act::Aside(Aside::Suspend(loaner)))
             }
         }
     }

@@ -127,6 +127,15 @@ pub(crate) trait Owner<K, M>: Produces<K, M> + Send + Sync + Sized + 'static {
         cx: Option<&WorkerCx<'_>>,
         outcome: Outcome<Self::Output, M>,
     );
+    /// [`finish`](Self::finish) of a message whose handler returned its
+    /// output, on worker `cx`: the common end, without the whole outcome.
+    fn finish_ok(
+        &self,
+        reply: Option<Arc<Reply<Self::Output, M>>>,
+        held: Held,
+        cx: &WorkerCx<'_>,
+        output: Self::Output,
+    );
     /// Counts a suspended message cancelled on worker `worker`.
     fn cancelled(&self, worker: usize);
     /// Hands a queued message back (force stop).

@@ -40,6 +40,11 @@ where
     /// # Safety
     /// The caller owns the mailbox's turn (`RUNNING`), a key is set and no
     /// future is stored.
+    ///
+    /// Inlined into its two callers (a port's turn, a mailbox's turn) with
+    /// only the unmeasured copy: a call here moved the message through
+    /// memory on every step.
+    #[inline(always)]
     pub(crate) unsafe fn start(
         this: &Arc<Self>,
         env: Envelope<M, D::Output>,
@@ -50,11 +55,26 @@ where
         // message not sampled): that copy has no step hooks at all.
         if cx.times_steps() || stamp.sampled() {
             // SAFETY: our caller's contract.
-            unsafe { Self::start_in::<true>(this, env, stamp, cx) }
+            unsafe { Self::start_measured(this, env, stamp, cx) }
         } else {
             // SAFETY: our caller's contract.
             unsafe { Self::start_in::<false>(this, env, stamp, cx) }
         }
+    }
+
+    /// [`start`](Self::start) with its step measured, out of line.
+    ///
+    /// # Safety
+    /// As for `start`.
+    #[inline(never)]
+    unsafe fn start_measured(
+        this: &Arc<Self>,
+        env: Envelope<M, D::Output>,
+        stamp: Stamp,
+        cx: &WorkerCx<'_>,
+    ) -> Step {
+        // SAFETY: our caller's contract.
+        unsafe { Self::start_in::<true>(this, env, stamp, cx) }
     }
 
     /// [`start`](Self::start), with its step measured (`MEASURED`) or not.
@@ -91,8 +111,25 @@ where
             let _entered = span.enter();
             this.owner.call(key, msg, held.position())
         }));
+        // The step's end, measured or not.
+        let step_ended = |done: bool| {
+            if MEASURED {
+                let ended = cx.step_end(ident, hash, step);
+                ident.metrics.polled(&run, step.started(), ended, done);
+            }
+        };
         let outcome = match called {
-            // Done at once (a sync handler): no future to store or poll.
+            // Done at once with its output (a sync handler): no future to
+            // store or poll, and the output alone to hand on (matched here,
+            // not out of the whole `Outcome`: that is several words to move
+            // on every message).
+            Ok(Ok(Ok(output))) => {
+                held.set_unit(cx.leave_handler());
+                this.owner.finish_ok(reply, held, cx, output);
+                step_ended(true);
+                return Step::Done;
+            }
+            // Done at once with a crate error (a retrying handler's).
             Ok(Ok(outcome)) => {
                 held.set_unit(cx.leave_handler());
                 outcome
@@ -107,10 +144,7 @@ where
                     match polled {
                         Poll::Ready(outcome) => outcome,
                         Poll::Pending => {
-                            if MEASURED {
-                                let ended = cx.step_end(ident, hash, step);
-                                ident.metrics.polled(&run, step.started(), ended, false);
-                            }
+                            step_ended(false);
                             let meta = Meta { reply, held, run };
                             this.meta.with_mut(|m| ptr::write(m, Some(meta)));
                             return Step::Pending;
@@ -124,10 +158,7 @@ where
             }
         };
         this.owner.finish(key, reply, held, Some(cx), outcome);
-        if MEASURED {
-            let ended = cx.step_end(ident, hash, step);
-            ident.metrics.polled(&run, step.started(), ended, true);
-        }
+        step_ended(true);
         Step::Done
     }
 

@@ -73,12 +73,22 @@ impl<K, M, O> Receiver<K, M, O> {
         }
     }
 
-    /// A unit, waiting for one outside a handler.
-    #[inline]
+    /// A unit, waiting for one outside a handler. The common case (credit
+    /// at hand) is inlined into the send; the rest is out of line.
+    #[inline(always)]
     pub(in crate::pool) fn unit_blocking(&self) -> Result<Unit, Refused> {
-        let source = self.source.source();
         // With credit at hand the dispatcher's own check refuses a closed
         // executor; without, look before anything else.
+        if self.source.source().try_acquire() {
+            return Ok(Unit::Own);
+        }
+        self.unit_blocking_slow()
+    }
+
+    /// [`unit_blocking`](Self::unit_blocking) with no credit at hand.
+    #[inline(never)]
+    fn unit_blocking_slow(&self) -> Result<Unit, Refused> {
+        let source = self.source.source();
         if source.try_acquire() {
             return Ok(Unit::Own);
         }
