@@ -113,9 +113,51 @@ impl<K> Hash for dyn KeyProbe<K> + '_ {
 }
 
 /// Spare mailboxes a port keeps for keys that get one (a backlog, a
-/// suspended future) at least; it keeps up to as many as it has live
-/// mailboxes (see `drained`), and beyond that a released one is freed.
+/// suspended future) at least; it keeps up to [`SPARES_PER_LIVE`] for each
+/// live mailbox beside them (see [`trim`]), and beyond that a released one
+/// is freed.
 pub(super) const SPARES: usize = 32;
+
+/// Spares a port may keep for each of its live mailboxes, beyond
+/// [`SPARES`]. Keys whose handlers suspend (async I/O) each hold a mailbox
+/// while they wait, and the number waiting swings with the device: a
+/// device that finishes many futures at once drains many mailboxes, and
+/// the next burst of sends suspends as many again. Each spare freed on the
+/// way down is an allocation on the way up. With 4, the live count may
+/// fall to a fifth of its peak before a drain frees anything (W3: +7 %
+/// against 1.25, the same as never freeing while any mailbox lives);
+/// memory still follows the live keys, at most five mailboxes a live one,
+/// and none beyond `SPARES` once the port has no live one.
+const SPARES_PER_LIVE: usize = 4;
+
+/// What a drained mailbox does with itself and its port's spares, given
+/// the spares kept and the live mailboxes left (see `drained`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trim {
+    /// Join the spares.
+    Keep,
+    /// Be freed, the spares being at or over their cap, and `more` spares
+    /// with it (at most [`SPARES_PER_LIVE`]: the cap falls by as many with
+    /// each live mailbox gone, so the spares follow it down, a bounded
+    /// number a drain).
+    Free { more: usize },
+    /// No live mailbox is left: be freed with every spare beyond `SPARES`.
+    FreeAllButSpares,
+}
+
+/// See [`Trim`].
+fn trim(spares: usize, live: usize) -> Trim {
+    let cap = SPARES + SPARES_PER_LIVE * live;
+    if live == 0 && spares > SPARES {
+        Trim::FreeAllButSpares
+    } else if spares < cap {
+        Trim::Keep
+    } else {
+        Trim::Free {
+            more: (spares - cap).min(SPARES_PER_LIVE),
+        }
+    }
+}
 
 /// What to do with a delivery once its port's gate is let go (see
 /// [`DispatcherInner::settle`]): the turn's and a slice's common ends.
@@ -392,33 +434,26 @@ where
         );
         // SAFETY: as above: the queue is empty, no future is stored.
         let key = unsafe { mailbox.release(false) };
-        // Keep as many spares as the port has live mailboxes, plus a
-        // quarter, plus `SPARES`: keys whose handlers suspend (async I/O)
-        // each hold a mailbox while they wait, and a fixed cap would make
-        // every such message pay an allocation and a free. The margin
-        // absorbs a burst of completions (a device finishing many futures
-        // at once), so that the next burst of new keys finds the mailboxes
-        // the last one freed. As the live ones drain, one excess spare goes
-        // per drain, so the spares follow them down; the last live one's
-        // drain keeps `SPARES` and lets the rest go.
-        let live = gate.active.len();
-        let keep = SPARES + live + live / 4;
-        let excess: Vec<MailboxRef<K, M, H, S>> = if live == 0 && gate.spares.len() > SPARES {
-            gate.spares.split_off(SPARES)
-        } else if gate.spares.len() < keep {
-            gate.spares.push(mailbox.clone());
-            Vec::new()
-        } else if gate.spares.len() > keep {
-            gate.spares.pop().into_iter().collect()
-        } else {
-            Vec::new()
-        };
+        // The spares follow the live mailboxes (see `SPARES_PER_LIVE`);
+        // what is freed is dropped out of the gate.
+        let mut excess: Vec<MailboxRef<K, M, H, S>> = Vec::new();
+        let mut more: [Option<MailboxRef<K, M, H, S>>; SPARES_PER_LIVE] = Default::default();
+        match trim(gate.spares.len(), gate.active.len()) {
+            Trim::Keep => gate.spares.push(mailbox.clone()),
+            Trim::Free { more: n } => {
+                for slot in more.iter_mut().take(n) {
+                    *slot = gate.spares.pop();
+                }
+            }
+            Trim::FreeAllButSpares => excess = gate.spares.split_off(SPARES),
+        }
         {
             let gate = &mut *gate;
             shrink_after_burst(&mut gate.active, &mut gate.spares);
         }
         drop(gate);
         drop(excess);
+        drop(more);
         // The key's `Drop` is user code, out of the gate.
         let _ = catch_unwind(AssertUnwindSafe(move || drop(key)));
         this.maybe_deregister();
@@ -504,5 +539,51 @@ mod tests {
         // The same key under another hash is another entry: the hash is
         // part of the identity (a key always comes with its own hash).
         assert_eq!(get(&map, 8, "x"), None);
+    }
+
+    /// Drains one mailbox at a time from `live` live ones and `spares`
+    /// spares; returns how many were freed before `live` fell to `until`.
+    fn drain(mut spares: usize, mut live: usize, until: usize) -> (usize, usize) {
+        use super::{trim, Trim, SPARES};
+        let mut freed = 0;
+        while live > until {
+            live -= 1;
+            match trim(spares, live) {
+                Trim::Keep => spares += 1,
+                Trim::Free { more } => {
+                    spares -= more;
+                    freed += 1 + more;
+                }
+                Trim::FreeAllButSpares => {
+                    freed += 1 + spares - SPARES;
+                    spares = SPARES;
+                }
+            }
+        }
+        (spares, freed)
+    }
+
+    #[test]
+    fn a_swing_of_suspended_keys_keeps_its_mailboxes() {
+        // 10,000 live mailboxes fall to 2,000 and rise again: every drained
+        // one stays a spare for the rise.
+        let (spares, freed) = drain(0, 10_000, 2_000);
+        assert_eq!((spares, freed), (8_000, 0));
+    }
+
+    #[test]
+    fn spares_follow_the_live_mailboxes_down() {
+        use super::{SPARES, SPARES_PER_LIVE};
+        // From 10,000 live to 100: the spares end at their cap, at most
+        // `SPARES_PER_LIVE` a live mailbox beyond `SPARES`.
+        let (spares, freed) = drain(0, 10_000, 100);
+        assert_eq!(spares, SPARES + SPARES_PER_LIVE * 100);
+        assert_eq!(spares + freed, 9_900, "every drained mailbox is counted");
+        // Spares far over their cap go `SPARES_PER_LIVE` more a drain.
+        let (spares, _) = drain(50_000, 1_000, 990);
+        assert_eq!(spares, 50_000 - 10 * SPARES_PER_LIVE);
+        // The last live mailbox's drain keeps `SPARES`.
+        let (spares, freed) = drain(3_000, 1, 0);
+        assert_eq!((spares, freed), (SPARES, 3_000 - SPARES + 1));
     }
 }
