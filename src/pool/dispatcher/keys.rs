@@ -124,10 +124,9 @@ pub(super) const SPARES: usize = 32;
 /// device that finishes many futures at once drains many mailboxes, and
 /// the next burst of sends suspends as many again. Each spare freed on the
 /// way down is an allocation on the way up. With 4, the live count may
-/// fall to a fifth of its peak before a drain frees anything (W3: +7 %
-/// against 1.25, the same as never freeing while any mailbox lives);
-/// memory still follows the live keys, at most five mailboxes a live one,
-/// and none beyond `SPARES` once the port has no live one.
+/// fall to a fifth of its peak before a drain frees anything; memory
+/// still follows the live keys (about five mailboxes a live one, and
+/// `SPARES` once the port has none live).
 const SPARES_PER_LIVE: usize = 4;
 
 /// What a drained mailbox does with itself and its port's spares, given
