@@ -1,6 +1,7 @@
 #![cfg(loom)]
 //! Loom models of the `Lanes` front-end's races: leader hand-off,
-//! withdrawal vs. batch formation, and a caller dropped mid-batch. Each
+//! withdrawal vs. batch formation, a caller dropped mid-batch, and a
+//! caller entering while the lanes close. Each
 //! asserts order and nothing-lost from the kernel's own record: every
 //! command that started in the kernel finished there (nothing half-run),
 //! nothing ran twice, every answered command ran, every withdrawn one never
@@ -194,6 +195,47 @@ fn caller_drop_mid_batch() {
         DROPPED_RAN[count(&ran, 1)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     });
     for (i, n) in DROPPED_RAN.iter().enumerate() {
+        assert!(
+            n.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "outcome {i} never explored"
+        );
+    }
+}
+
+/// Outcomes of `close_vs_execute` seen: the command ran, or was refused.
+static CLOSE_RACE: [StdCounter; 2] = [StdCounter::new(0), StdCounter::new(0)];
+
+/// A caller enters a command while the lanes close. The command either
+/// runs once (its caller gets the output, and `close` waited for it) or
+/// is refused with the command handed back and never reaches the kernel.
+/// Once `close` has returned, nothing counts in flight, even while the
+/// refused caller is still on its way out: a refused command is never
+/// counted (a count taken and given back would show here).
+#[test]
+fn close_vs_execute() {
+    loom::model(|| {
+        let lanes = Lanes::builder(Recorder::default()).build().unwrap();
+        let l = lanes.clone();
+        let caller = thread::spawn(move || block_on(l.execute(0, 1)));
+        assert!(block_on(lanes.close(Duration::MAX)));
+        assert_eq!(lanes.in_flight(), 0, "a refused command was counted");
+        let out = caller.join().unwrap();
+        let ran = check_end(&lanes);
+        match out {
+            Ok(v) => {
+                assert_eq!(v, 10);
+                assert_eq!(ran, vec![1]);
+                CLOSE_RACE[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(LaneError::Closed(c)) => {
+                assert_eq!(c, 1, "the refused command is handed back");
+                assert!(ran.is_empty(), "a refused command reached the kernel");
+                CLOSE_RACE[1].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => panic!("neither ran nor refused: {e:?}"),
+        }
+    });
+    for (i, n) in CLOSE_RACE.iter().enumerate() {
         assert!(
             n.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "outcome {i} never explored"
