@@ -20,11 +20,11 @@ const CLOSED: usize = 1 << (usize::BITS - 1);
 #[must_use]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refused {
-    /// The `Lanes` is closed; nothing was counted, so `drained` is false
-    /// (kept so that both refusals are handled alike).
-    Closed { drained: bool },
-    /// The in-flight limit is exhausted (nothing is counted). `drained` as
-    /// for `Closed` (a `close` may have come in while backing out).
+    /// The `Lanes` is closed; nothing was counted.
+    Closed,
+    /// The in-flight limit is exhausted (nothing is counted). `drained`:
+    /// backing the count out brought a closed count to zero (a `close`
+    /// came in meanwhile), so the closer must be woken.
     Limit { drained: bool },
 }
 
@@ -49,7 +49,7 @@ impl Accounts {
             if cur & CLOSED != 0 {
                 // Not counted (a count taken and given back here would show
                 // in `in_flight` after `close` saw zero).
-                return Err(Refused::Closed { drained: false });
+                return Err(Refused::Closed);
             }
             match self
                 .word
@@ -111,7 +111,7 @@ mod tests {
         assert!(!a.release(1));
         assert_eq!(a.close(), 1);
         assert!(a.is_closed());
-        assert_eq!(a.enter(), Err(Refused::Closed { drained: false }));
+        assert_eq!(a.enter(), Err(Refused::Closed));
         assert!(a.release(1), "last release after close reports the drain");
         assert_eq!(a.in_flight(), 0);
         assert_eq!(a.limit.in_flight(), 0);

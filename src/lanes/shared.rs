@@ -147,10 +147,7 @@ impl<K: Kernel> Shared<K> {
         let now = self.now();
         match self.accounts.enter() {
             Ok(()) => {}
-            Err(Refused::Closed { drained }) => {
-                if drained {
-                    self.wake_closers();
-                }
+            Err(Refused::Closed) => {
                 self.metrics.closed();
                 return Err(LaneError::Closed(command));
             }
