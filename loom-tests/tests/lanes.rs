@@ -72,6 +72,16 @@ fn count(v: &[u64], id: u64) -> usize {
     v.iter().filter(|&&x| x == id).count()
 }
 
+/// Every outcome a model counted was reached in at least one execution.
+fn assert_explored(outcomes: &[StdCounter]) {
+    for (i, n) in outcomes.iter().enumerate() {
+        assert!(
+            n.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "outcome {i} never explored"
+        );
+    }
+}
+
 /// Nothing half-run, nothing twice; the lanes are empty.
 fn check_end(lanes: &Lanes<Recorder>) -> Vec<u64> {
     let k = lanes.kernel();
@@ -194,12 +204,7 @@ fn caller_drop_mid_batch() {
         assert_eq!(count(&ran, 2), 1);
         DROPPED_RAN[count(&ran, 1)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     });
-    for (i, n) in DROPPED_RAN.iter().enumerate() {
-        assert!(
-            n.load(std::sync::atomic::Ordering::Relaxed) > 0,
-            "outcome {i} never explored"
-        );
-    }
+    assert_explored(&DROPPED_RAN);
 }
 
 /// Outcomes of `close_vs_execute` seen: the command ran, or was refused.
@@ -235,10 +240,5 @@ fn close_vs_execute() {
             Err(e) => panic!("neither ran nor refused: {e:?}"),
         }
     });
-    for (i, n) in CLOSE_RACE.iter().enumerate() {
-        assert!(
-            n.load(std::sync::atomic::Ordering::Relaxed) > 0,
-            "outcome {i} never explored"
-        );
-    }
+    assert_explored(&CLOSE_RACE);
 }
